@@ -1,0 +1,68 @@
+// Vectorized, multi-threaded elementwise loops for the CPU kernels.
+//
+// The op is written once as a functor on at::vec::Vectorized<opmath_t<T>> (float for fp16/bf16/fp32,
+// double for fp64). fp16/bf16 are widened to two float vectors on load and narrowed on store, so the
+// math always runs in fp32. Tails use the partial load/store of Vectorized, so every element goes
+// through the same vector code (no scalar twin that could round differently).
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <array>
+#include <type_traits>
+
+namespace fastops::cpu {
+
+template <typename T>
+inline constexpr bool is_reduced_float_v = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Elements per grain of at::parallel_for: large enough to amortise a task, small enough to split
+// a few-MB tensor across cores.
+constexpr int64_t kElementwiseGrain = 32768;
+
+template <int NumIn, typename Op, typename V>
+inline V call_op(const Op& op, const std::array<V, NumIn>& a) {
+  if constexpr (NumIn == 1) {
+    return op(a[0]);
+  } else if constexpr (NumIn == 2) {
+    return op(a[0], a[1]);
+  } else {
+    static_assert(NumIn == 3, "1 to 3 inputs");
+    return op(a[0], a[1], a[2]);
+  }
+}
+
+// out[i] = op(in[0][i], ...) over n elements walked flat; op maps Vectorized<opmath_t<T>> arguments
+// to one Vectorized<opmath_t<T>>.
+template <typename T, int NumIn, typename Op>
+void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in) {
+  using Vec = at::vec::Vectorized<T>;
+  constexpr int64_t step = Vec::size();
+  at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i += step) {
+      const int64_t count = std::min<int64_t>(step, end - i);
+      if constexpr (is_reduced_float_v<T>) {
+        using FVec = at::vec::Vectorized<float>;
+        std::array<FVec, NumIn> lo, hi;
+        for (int k = 0; k < NumIn; ++k) {
+          std::tie(lo[k], hi[k]) = at::vec::convert_to_float<T>(Vec::loadu(in[k] + i, count));
+        }
+        at::vec::convert_from_float<T>(call_op<NumIn>(op, lo), call_op<NumIn>(op, hi)).store(out + i, count);
+      } else {
+        std::array<Vec, NumIn> args;
+        for (int k = 0; k < NumIn; ++k) args[k] = Vec::loadu(in[k] + i, count);
+        call_op<NumIn>(op, args).store(out + i, count);
+      }
+    }
+  });
+}
+
+}  // namespace fastops::cpu

@@ -1,0 +1,54 @@
+// The one TORCH_LIBRARY(fastops, m): every schema lives here, one block per op. Kernels register
+// themselves per device in cpu/<op>.cpp and cuda/<op>.cu; Python adds fake kernels, autograd and
+// autocast rules in fastops/ops/<op>.py.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <string>
+
+#define FASTOPS_STRINGIFY_(x) #x
+#define FASTOPS_STRINGIFY(x) FASTOPS_STRINGIFY_(x)
+
+// fastops._C is imported as a Python module by setup.py builds; it has no Python functions, since
+// every op is reached through torch.ops.fastops. The init function's name follows the extension's
+// name so the same source serves the setup.py build (_C) and the JIT build.
+#define FASTOPS_CONCAT_(a, b) a##b
+#define FASTOPS_CONCAT(a, b) FASTOPS_CONCAT_(a, b)
+extern "C" PyObject* FASTOPS_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, FASTOPS_STRINGIFY(TORCH_EXTENSION_NAME),
+                                   "fastops compiled kernels (reached through torch.ops.fastops)", -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+namespace fastops {
+
+#ifdef FASTOPS_WITH_CUDA
+std::string cuda_build_info();  // csrc/cuda/build_info.cu
+#endif
+
+// "key=value;..." describing how this binary was compiled; parsed by fastops/info.py.
+std::string build_info() {
+  std::string info = "cpu_capability=" FASTOPS_STRINGIFY(CPU_CAPABILITY);
+#ifdef FASTOPS_WITH_CUDA
+  info += ";cuda=1;" + cuda_build_info();
+#else
+  info += ";cuda=0";
+#endif
+  return info;
+}
+
+}  // namespace fastops
+
+TORCH_LIBRARY(fastops, m) {
+  m.def("_build_info() -> str", &fastops::build_info);
+
+  // clipped_log: log(clamp(x, min=eps)); fastops/ops/clipped_log.py
+  m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
+  m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");
+
+  // gelu (issue 3)
+
+  // fused_adam (issue 4)
+
+  // depthwise_conv2d (issue 5)
+}

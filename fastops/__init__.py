@@ -1,0 +1,30 @@
+"""fastops: fused training ops for PyTorch, as C++/CUDA kernels registered under torch.ops.fastops.
+
+Public API:
+  clipped_log                     log(clamp(x, eps)) with a straight-through gradient
+  fastops.nn                      nn.Module wrappers of every op
+  fastops.reference               plain-PyTorch definitions of every op
+"""
+
+from fastops import _extension
+
+_extension.load()
+
+from fastops import nn, ops, reference  # noqa: E402
+from fastops.ops.clipped_log import clipped_log  # noqa: E402
+
+# gelu (issue 3)
+
+# fused_adam (issue 4)
+
+# depthwise_conv2d (issue 5)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__",
+    "clipped_log",
+    "nn",
+    "ops",
+    "reference",
+]

@@ -1,0 +1,156 @@
+"""How fastops._C is compiled: one description shared by setup.py and the JIT loader.
+
+This module imports nothing from fastops and only torch's cpp_extension lazily, so setup.py can
+load it by path before the package exists.
+
+Knobs (environment variables):
+  FASTOPS_CUDA=0|1            force the CUDA kernels off/on (default: on when torch is a CUDA build
+                              and nvcc is found; CUDA_HOME defaults to /usr/local/cuda).
+  FASTOPS_CPU_CAPABILITY      default | avx2 | avx512 — the x86 vector ISA the CPU kernels target
+                              (default: the best the building machine supports).
+  TORCH_CUDA_ARCH_LIST        CUDA archs for setup.py builds (default "8.0;9.0"); JIT builds target
+                              the visible GPU when it is unset.
+  MAX_JOBS                    parallel compile jobs (default: bounded by cores and by RAM).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SOURCE_ROOT = PACKAGE_DIR.parent
+CSRC_DIR = SOURCE_ROOT / "csrc"
+DEFAULT_CUDA_ARCH_LIST = "8.0;9.0"
+# cc1plus on ATen headers peaks near 1.5 GiB, nvcc higher: budget 2 GiB a job.
+_GIB_PER_COMPILE_JOB = 2.0
+
+_CAPABILITY_FLAGS = {
+    "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+    "avx512": [
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512dq",
+        "-mfma",
+        "-mf16c",
+        "-DCPU_CAPABILITY=AVX512",
+        "-DCPU_CAPABILITY_AVX512",
+    ],
+}
+# The /proc/cpuinfo flags each capability needs at run time.
+CAPABILITY_CPU_FLAGS = {
+    "default": set(),
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"},
+}
+
+
+def cpu_flags() -> set[str]:
+    """The ISA flags of this machine's CPU (empty where /proc/cpuinfo is absent)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_capability() -> str:
+    """The CPU vector ISA to compile for: FASTOPS_CPU_CAPABILITY, else the best this CPU has."""
+    requested = os.environ.get("FASTOPS_CPU_CAPABILITY", "").strip().lower()
+    if requested:
+        if requested not in _CAPABILITY_FLAGS:
+            raise ValueError(
+                f"fastops: FASTOPS_CPU_CAPABILITY={requested!r}; expected one of "
+                f"{sorted(_CAPABILITY_FLAGS)}"
+            )
+        return requested
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "default"
+    flags = cpu_flags()
+    for capability in ("avx512", "avx2"):
+        if CAPABILITY_CPU_FLAGS[capability] <= flags:
+            return capability
+    return "default"
+
+
+def find_cuda_home() -> str | None:
+    """CUDA_HOME, else /usr/local/cuda when nvcc is there, else the nvcc on PATH."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and Path(home, "bin", "nvcc").exists():
+        return home
+    if Path("/usr/local/cuda/bin/nvcc").exists():
+        return "/usr/local/cuda"
+    nvcc = shutil.which("nvcc")
+    return str(Path(nvcc).resolve().parent.parent) if nvcc else None
+
+
+def want_cuda(torch_cuda_version: str | None) -> bool:
+    """Whether to compile the CUDA kernels (FASTOPS_CUDA overrides the automatic choice)."""
+    forced = os.environ.get("FASTOPS_CUDA")
+    if forced is not None and forced.strip() != "":
+        if forced.strip() not in ("0", "1"):
+            raise ValueError(f"fastops: FASTOPS_CUDA={forced!r}; expected 0 or 1")
+        if forced.strip() == "1" and torch_cuda_version is None:
+            raise RuntimeError(
+                "fastops: FASTOPS_CUDA=1 but the installed torch is a CPU-only build; "
+                "install a CUDA build of torch to compile the CUDA kernels"
+            )
+        if forced.strip() == "1" and find_cuda_home() is None:
+            raise RuntimeError(
+                "fastops: FASTOPS_CUDA=1 but nvcc was not found; set CUDA_HOME to the CUDA "
+                "toolkit (the directory holding bin/nvcc)"
+            )
+        return forced.strip() == "1"
+    return torch_cuda_version is not None and find_cuda_home() is not None
+
+
+def prepare_cuda_env() -> None:
+    """Point torch.utils.cpp_extension at the CUDA toolkit before it is imported."""
+    home = find_cuda_home()
+    if home and not os.environ.get("CUDA_HOME"):
+        os.environ["CUDA_HOME"] = home
+
+
+def default_max_jobs() -> int:
+    cores = os.cpu_count() or 1
+    try:
+        ram_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        ram_gib = 8.0
+    return max(1, min(cores, int(ram_gib / _GIB_PER_COMPILE_JOB)))
+
+
+def sources(with_cuda: bool, root: Path = CSRC_DIR) -> list[str]:
+    """Every translation unit: the schema file, each op's CPU kernel and, with CUDA, its .cu."""
+    files = [root / "registration.cpp", *sorted((root / "cpu").glob("*.cpp"))]
+    if with_cuda:
+        files += sorted((root / "cuda").glob("*.cu"))
+    return [str(f) for f in files]
+
+
+def include_dirs(root: Path = CSRC_DIR) -> list[str]:
+    return [str(root / "include")]
+
+
+def cxx_flags(with_cuda: bool, capability: str) -> list[str]:
+    # -fopenmp: without it at::parallel_for silently runs on one thread.
+    flags = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", *_CAPABILITY_FLAGS[capability]]
+    if with_cuda:
+        flags.append("-DFASTOPS_WITH_CUDA")
+    return flags
+
+
+def nvcc_flags() -> list[str]:
+    # No --use_fast_math: it swaps erf/log/exp for approximations we would have to re-verify.
+    return ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr", "-DFASTOPS_WITH_CUDA"]
+
+
+def ld_flags() -> list[str]:
+    return ["-fopenmp"]

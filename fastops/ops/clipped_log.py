@@ -1,0 +1,91 @@
+"""clipped_log: log(clamp(x, min=eps)) with a choice of gradient, as one fused kernel each way."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fastops.ops._validate import check_floating, check_positive_float, check_tensor
+
+
+def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> Tensor:
+    """``log(clamp(x, min=eps))`` in one pass, forward and backward.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor (float64 on the CPU) of any shape and layout, on the
+            CPU or a CUDA device. The output has x's dtype, shape and (for dense x) strides.
+        eps: the clamp floor, a finite float > 0. For fp16/bf16 inputs it is held in fp32 and the
+            math runs in fp32, so ``eps=1e-8`` gives ``log(1e-8) = -18.42`` where the eager fp16
+            expression gives ``-inf`` (1e-8 rounds to 0 in fp16).
+        straight_through: the gradient. ``True`` (default): ``grad / clamp(x, eps)`` everywhere,
+            also below eps (the LogClipFunction definition: small inputs keep a gradient).
+            ``False``: exactly the autograd of ``torch.log(torch.clamp(x, min=eps))`` — zero
+            strictly below eps, ``grad / eps`` at ``x == eps``, zero where x is NaN.
+
+    NaN propagates (``clipped_log(nan) = nan``), ``+inf -> +inf``, ``-inf -> log(eps)``.
+    Under autocast it runs in float32, as ``torch.log`` does.
+
+    Equals: ``torch.log(torch.clamp(x, min=eps))`` (see ``fastops.reference.clipped_log``).
+    """
+    check_tensor("clipped_log", "x", x)
+    check_floating("clipped_log", "x", x)
+    eps = check_positive_float("clipped_log", "eps", eps)
+    return torch.ops.fastops.clipped_log.default(x, eps, bool(straight_through))
+
+
+@torch.library.register_fake("fastops::clipped_log")
+def _clipped_log_fake(x: Tensor, eps: float, straight_through: bool) -> Tensor:
+    check_floating("clipped_log", "x", x)
+    check_positive_float("clipped_log", "eps", eps)
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("fastops::clipped_log_backward")
+def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight_through: bool) -> Tensor:
+    check_floating("clipped_log_backward", "x", x)
+    torch._check(
+        grad_out.shape == x.shape,
+        lambda: f"fastops.clipped_log_backward: expected grad_out to have the shape of x {tuple(x.shape)}",
+    )
+    return torch.empty_like(x)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    x, eps, straight_through = inputs
+    ctx.save_for_backward(x)  # the only saved tensor: the output is not needed
+    ctx.eps = eps
+    ctx.straight_through = straight_through
+
+
+def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+    (x,) = ctx.saved_tensors
+    grad_x = torch.ops.fastops.clipped_log_backward.default(grad_out, x, ctx.eps, ctx.straight_through)
+    return grad_x, None, None
+
+
+def _setup_backward_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    grad_out, x, eps, straight_through = inputs
+    ctx.save_for_backward(grad_out, x)
+    ctx.eps = eps
+    ctx.straight_through = straight_through
+
+
+def _double_backward(ctx, grad_grad_x: Tensor):  # noqa: ANN001, ANN202
+    # grad_x = mask * g / c(x) with c(x) = clamp(x, eps); mask = 1 (straight-through) or x >= eps.
+    # d/dg = mask / c(x) (the backward op itself); d/dx = -g / c(x)^2 where x >= eps (c is flat below).
+    grad_out, x = ctx.saved_tensors
+    grad_grad_out = torch.ops.fastops.clipped_log_backward.default(
+        grad_grad_x, x, ctx.eps, ctx.straight_through
+    )
+    clamped = x.clamp(min=ctx.eps)
+    grad_x = torch.where(x >= ctx.eps, -grad_grad_x * grad_out / (clamped * clamped), 0.0)
+    return grad_grad_out, grad_x, None, None
+
+
+torch.library.register_autograd("fastops::clipped_log", _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "fastops::clipped_log_backward", _double_backward, setup_context=_setup_backward_context
+)
+# torch.log runs in float32 under autocast; so does its clipped twin.
+for _device_type in ("cpu", "cuda"):
+    torch.library.register_autocast("fastops::clipped_log", _device_type, torch.float32)

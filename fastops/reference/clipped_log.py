@@ -1,0 +1,31 @@
+"""Plain-PyTorch clipped_log: the definition every test and benchmark compares against."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class _StraightThroughClippedLog(torch.autograd.Function):
+    @staticmethod
+    def forward(x: Tensor, eps: float) -> Tensor:  # type: ignore[override]
+        return torch.log(torch.clamp(x, min=eps))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+        x, eps = inputs
+        ctx.save_for_backward(x)
+        ctx.eps = eps
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN205
+        (x,) = ctx.saved_tensors
+        return grad_out / torch.clamp(x, min=ctx.eps), None
+
+
+def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> Tensor:
+    """``log(clamp(x, min=eps))``; gradient ``g / clamp(x, eps)`` everywhere when straight_through,
+    else torch's own autograd of the expression (zero strictly below eps)."""
+    if straight_through:
+        return _StraightThroughClippedLog.apply(x, eps)
+    return torch.log(torch.clamp(x, min=eps))

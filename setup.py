@@ -1,0 +1,86 @@
+"""Builds fastops._C with torch.utils.cpp_extension (CUDA kernels when torch and nvcc allow).
+
+Install with the torch you will run on already installed:
+    pip install --no-build-isolation .        (or -e . for development)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+
+try:
+    import torch
+except ImportError:
+    sys.exit(
+        "fastops: torch is not importable in the build environment. fastops compiles against the "
+        "torch you run with, so install torch first and build without isolation:\n"
+        "    pip install torch\n"
+        "    pip install --no-build-isolation .\n"
+        "(a plain `pip install .` builds in an isolated environment that has no torch)"
+    )
+
+
+def _load_build_config():
+    spec = importlib.util.spec_from_file_location("fastops_build", ROOT / "fastops" / "_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build_config()
+build.prepare_cuda_env()
+os.environ.setdefault("TORCH_CUDA_ARCH_LIST", build.DEFAULT_CUDA_ARCH_LIST)
+os.environ.setdefault("MAX_JOBS", str(build.default_max_jobs()))
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+with_cuda = build.want_cuda(torch.version.cuda)
+capability = build.cpu_capability()
+# Relative paths: setuptools refuses absolute source paths in some versions.
+sources = [os.path.relpath(s, ROOT) for s in build.sources(with_cuda, ROOT / "csrc")]
+extension_class = CUDAExtension if with_cuda else CppExtension
+extra_compile_args = {"cxx": build.cxx_flags(with_cuda, capability)}
+if with_cuda:
+    extra_compile_args["nvcc"] = build.nvcc_flags()
+ext = extension_class(
+    name="fastops._C",
+    sources=sources,
+    include_dirs=build.include_dirs(ROOT / "csrc"),
+    extra_compile_args=extra_compile_args,
+    extra_link_args=build.ld_flags(),
+)
+
+# What was compiled, read before loading the library (a CPU-ISA mismatch must not crash the import).
+(ROOT / "fastops" / "_compiled.json").write_text(
+    json.dumps(
+        {
+            "cpu_capability": capability,
+            "with_cuda": with_cuda,
+            "cuda_arch_list": os.environ["TORCH_CUDA_ARCH_LIST"] if with_cuda else None,
+            "torch": torch.__version__,
+        },
+        indent=2,
+    )
+    + "\n"
+)
+print(
+    f"fastops: building with CUDA={'on' if with_cuda else 'off'}"
+    + (f" (archs {os.environ['TORCH_CUDA_ARCH_LIST']})" if with_cuda else "")
+    + f", CPU ISA {capability}, MAX_JOBS={os.environ['MAX_JOBS']}",
+    file=sys.stderr,
+)
+
+setup(
+    packages=find_packages(include=["fastops", "fastops.*"]),
+    package_data={"fastops": ["_compiled.json"]},
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension},
+)
