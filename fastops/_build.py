@@ -140,8 +140,9 @@ def include_dirs(root: Path = CSRC_DIR) -> list[str]:
 
 
 def cxx_flags(with_cuda: bool, capability: str) -> list[str]:
+    # No -std: torch.utils.cpp_extension adds the standard the installed torch needs (C++20 from 2.14).
     # -fopenmp: without it at::parallel_for silently runs on one thread.
-    flags = ["-O3", "-std=c++17", "-fopenmp", "-fno-math-errno", *_CAPABILITY_FLAGS[capability]]
+    flags = ["-O3", "-fopenmp", "-fno-math-errno", *_CAPABILITY_FLAGS[capability]]
     if with_cuda:
         flags.append("-DFASTOPS_WITH_CUDA")
     return flags
@@ -149,7 +150,7 @@ def cxx_flags(with_cuda: bool, capability: str) -> list[str]:
 
 def nvcc_flags() -> list[str]:
     # No --use_fast_math: it swaps erf/log/exp for approximations we would have to re-verify.
-    return ["-O3", "-std=c++17", "-lineinfo", "--expt-relaxed-constexpr", "-DFASTOPS_WITH_CUDA"]
+    return ["-O3", "-lineinfo", "--expt-relaxed-constexpr", "-DFASTOPS_WITH_CUDA"]
 
 
 def ld_flags() -> list[str]:

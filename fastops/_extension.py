@@ -8,6 +8,7 @@ torch version, Python version, CUDA on/off and CPU ISA under $TORCH_EXTENSIONS_D
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -73,7 +74,10 @@ def _jit_build() -> LoadedExtension:
     base = Path(
         os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions")
     )
-    build_dir = base / f"fastops-torch{version}-py{sys.version_info.major}{sys.version_info.minor}" / name
+    # One cache per source tree too: two checkouts must not overwrite each other's objects.
+    tree = hashlib.sha1(str(_build.CSRC_DIR).encode()).hexdigest()[:8]
+    py = f"py{sys.version_info.major}{sys.version_info.minor}"
+    build_dir = base / f"fastops-torch{version}-{py}" / f"{name}-{tree}"
     build_dir.mkdir(parents=True, exist_ok=True)
 
     sources = _build.sources(with_cuda)

@@ -8,8 +8,10 @@
 #pragma once
 
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <array>
@@ -82,6 +84,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Multiprocessor count of the current device, read once per device. (ATen/cuda/CUDAContext.h would
+// give it too, but pulls cuBLAS/cuSPARSE headers into every .cu and slows compiles.)
+inline int multiprocessor_count() {
+  constexpr int kMaxDevices = 64;
+  static int cached[kMaxDevices] = {};
+  const int device = c10::cuda::current_device();
+  if (device >= kMaxDevices) {
+    int count = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }
+  if (cached[device] == 0) {
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrMultiProcessorCount, device));
+  }
+  return cached[device];
+}
+
 inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Launches out[i] = op(in[0][i], ...) over n elements on the current stream. op takes and returns
@@ -95,9 +114,9 @@ void launch_elementwise(T* out, int64_t n, const Op& op, std::array<const T*, Nu
   const int vec = aligned ? kVec : 1;
   const int64_t work_per_block = static_cast<int64_t>(kThreads) * kUnroll * vec;
   // Enough blocks to fill every SM several times over; the grid-stride loop covers the rest.
-  const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 8;
+  const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count()) * 8;
   const int64_t blocks = std::clamp<int64_t>((n + work_per_block - 1) / work_per_block, 1, max_blocks);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (aligned) {
     elementwise_kernel<T, kVec, NumIn><<<blocks, kThreads, 0, stream>>>(out, n, op, in);
   } else {
