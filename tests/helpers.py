@@ -1,0 +1,112 @@
+"""Shared test helpers: devices, sample inputs, tolerances and the 2x rule.
+
+Tolerance policy (STYLE.md): fp32/fp64 close to assert_close defaults against a float64 reference;
+fp16/bf16 by the 2x rule — our error against the float64 reference is at most `factor` times the
+error PyTorch's own eager op makes in the same dtype (factor 2 for outputs, 3 for gradients), plus a
+floor of one unit in the last place of the dtype so an exactly-right eager op does not demand zero
+error. Failures report the worst element and where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, *HALF_DTYPES)
+
+devices = pytest.mark.parametrize("device", DEVICES)
+dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+
+# Shapes that hit every path: empty, scalar-like, below / across / far above a vector width, odd.
+SHAPES = [(0,), (1,), (7,), (16,), (33,), (1000,), (4097,), (3, 5, 7), (2, 0, 3), (64, 129), (2, 3, 17, 19)]
+
+
+def layouts(t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """t as views of several layouts: contiguous, transposed, strided slice, storage offset 1,
+    channels_last (4-D), and an expanded (stride-0) view."""
+    yield "contiguous", t
+    if t.dim() >= 2:
+        yield "transposed", t.transpose(0, -1)
+    if t.numel() > 0 and t.shape[-1] > 1:
+        yield "sliced", t[..., ::2]
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    flat[1:] = t.reshape(-1)
+    yield "offset1", flat[1:].view(t.shape)
+    if t.dim() == 4:
+        yield "channels_last", t.contiguous(memory_format=torch.channels_last)
+    if t.dim() >= 1 and t.shape[0] == 1:
+        yield "expanded", t.expand(3, *t.shape[1:])
+
+
+def ulp_floor(dtype: torch.dtype) -> float:
+    return {torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float32: 2**-23, torch.float64: 2**-52}[dtype]
+
+
+def _describe_worst(actual: torch.Tensor, expected: torch.Tensor, err: torch.Tensor, bound: torch.Tensor) -> str:
+    excess = (err - bound).reshape(-1)
+    idx = int(torch.argmax(torch.nan_to_num(excess, nan=float("inf"))))
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), actual.shape)) if actual.dim() else ()
+    return (
+        f"worst element at {where}: got {actual.reshape(-1)[idx].item()!r}, "
+        f"reference {expected.reshape(-1)[idx].item()!r}, error {err.reshape(-1)[idx].item():.3e} "
+        f"> allowed {bound.reshape(-1)[idx].item():.3e}"
+    )
+
+
+def assert_same_nonfinite(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """NaN where the reference has NaN, the same infinities where it has infinities."""
+    a, e = actual.double().cpu(), expected.double().cpu()
+    assert torch.equal(torch.isnan(a), torch.isnan(e)), f"NaN pattern differs: got {a}, expected {e}"
+    inf = torch.isinf(e)
+    assert torch.equal(torch.isinf(a), inf) and torch.equal(a[inf], e[inf]), "infinities differ"
+
+
+def assert_close_to_reference(
+    actual: torch.Tensor,
+    reference64: torch.Tensor,
+    *,
+    eager: torch.Tensor | None = None,
+    factor: float = 2.0,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """actual (any dtype) against a float64 reference.
+
+    fp32/fp64: |actual - ref| <= atol + rtol * |ref| (defaults: assert_close's for the dtype).
+    fp16/bf16 with `eager` given: the 2x rule, elementwise with a per-tensor slack —
+    |actual - ref| <= factor * max(|eager - ref|, ulp(dtype) * |ref|) + tiny absolute floor.
+    Non-finite values must match exactly (NaN where NaN, same infinities).
+    """
+    assert actual.shape == reference64.shape, f"shape {tuple(actual.shape)} != {tuple(reference64.shape)}"
+    a = actual.detach().double().cpu()
+    r = reference64.detach().double().cpu()
+    assert_same_nonfinite(a, r)
+    # Non-finite reference elements matched above; zero them so the bound below skips them.
+    finite = torch.isfinite(r)
+    a = torch.where(finite, a, 0.0)
+    r = torch.where(finite, r, 0.0)
+    if a.numel() == 0:
+        return
+    err = (a - r).abs()
+    if actual.dtype in HALF_DTYPES and eager is not None:
+        e = torch.where(finite, eager.detach().double().cpu(), 0.0)
+        eager_err = torch.nan_to_num((e - r).abs(), nan=float("inf"), posinf=float("inf"))
+        ulp = ulp_floor(actual.dtype)
+        bound = factor * torch.maximum(eager_err, ulp * r.abs()) + 1e-6
+    else:
+        default_rtol, default_atol = {
+            torch.float64: (1e-7, 1e-7),
+            torch.float32: (1.3e-6, 1e-5),
+            torch.float16: (1e-3, 1e-5),
+            torch.bfloat16: (1.6e-2, 1e-5),
+        }[actual.dtype]
+        rtol = default_rtol if rtol is None else rtol
+        atol = default_atol if atol is None else atol
+        bound = atol + rtol * r.abs()
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        raise AssertionError(f"{int(bad.sum())}/{err.numel()} elements out of tolerance; " + _describe_worst(a, r, err, bound))
