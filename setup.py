@@ -58,19 +58,23 @@ ext = extension_class(
     extra_link_args=build.ld_flags(),
 )
 
-# What was compiled, read before loading the library (a CPU-ISA mismatch must not crash the import).
-(ROOT / "fastops" / "_compiled.json").write_text(
-    json.dumps(
-        {
+
+class BuildExtensionWithConfig(BuildExtension):
+    """Also writes fastops/_compiled.json next to the built library: what it was compiled for,
+    read at import before the library is loaded (a CPU-ISA mismatch must not crash the import)."""
+
+    def run(self) -> None:
+        super().run()
+        config = {
             "cpu_capability": capability,
             "with_cuda": with_cuda,
             "cuda_arch_list": os.environ["TORCH_CUDA_ARCH_LIST"] if with_cuda else None,
             "torch": torch.__version__,
-        },
-        indent=2,
-    )
-    + "\n"
-)
+        }
+        target = Path(self.get_ext_fullpath("fastops._C")).parent / "_compiled.json"
+        target.write_text(json.dumps(config, indent=2) + "\n")
+
+
 print(
     f"fastops: building with CUDA={'on' if with_cuda else 'off'}"
     + (f" (archs {os.environ['TORCH_CUDA_ARCH_LIST']})" if with_cuda else "")
@@ -80,7 +84,6 @@ print(
 
 setup(
     packages=find_packages(include=["fastops", "fastops.*"]),
-    package_data={"fastops": ["_compiled.json"]},
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtensionWithConfig},
 )

@@ -67,8 +67,7 @@ def cpu_capability() -> str:
     if requested:
         if requested not in _CAPABILITY_FLAGS:
             raise ValueError(
-                f"fastops: FASTOPS_CPU_CAPABILITY={requested!r}; expected one of "
-                f"{sorted(_CAPABILITY_FLAGS)}"
+                f"fastops: FASTOPS_CPU_CAPABILITY={requested!r}; expected one of {sorted(_CAPABILITY_FLAGS)}"
             )
         return requested
     if platform.machine().lower() not in ("x86_64", "amd64"):

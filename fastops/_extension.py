@@ -71,9 +71,7 @@ def _jit_build() -> LoadedExtension:
     tag = "cuda" if with_cuda else "cpu"
     version = torch.__version__.replace("+", "_")
     name = f"fastops_jit_{tag}_{capability}"
-    base = Path(
-        os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions")
-    )
+    base = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     # One cache per source tree too: two checkouts must not overwrite each other's objects.
     tree = hashlib.sha1(str(_build.CSRC_DIR).encode()).hexdigest()[:8]
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
@@ -139,9 +137,7 @@ def load() -> LoadedExtension:
             _loaded = _jit_build()
     import torch
 
-    info = dict(
-        item.split("=", 1) for item in torch.ops.fastops._build_info().split(";") if "=" in item
-    )
+    info = dict(item.split("=", 1) for item in torch.ops.fastops._build_info().split(";") if "=" in item)
     _loaded.details = info
     _loaded.cpu_capability = info.get("cpu_capability", _loaded.cpu_capability).lower()
     _loaded.with_cuda = info.get("cuda") == "1"

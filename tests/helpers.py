@@ -46,10 +46,14 @@ def ulp_floor(dtype: torch.dtype) -> float:
     return {torch.float16: 2**-10, torch.bfloat16: 2**-7, torch.float32: 2**-23, torch.float64: 2**-52}[dtype]
 
 
-def _describe_worst(actual: torch.Tensor, expected: torch.Tensor, err: torch.Tensor, bound: torch.Tensor) -> str:
+def _describe_worst(
+    actual: torch.Tensor, expected: torch.Tensor, err: torch.Tensor, bound: torch.Tensor
+) -> str:
     excess = (err - bound).reshape(-1)
     idx = int(torch.argmax(torch.nan_to_num(excess, nan=float("inf"))))
-    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), actual.shape)) if actual.dim() else ()
+    where = (
+        tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), actual.shape)) if actual.dim() else ()
+    )
     return (
         f"worst element at {where}: got {actual.reshape(-1)[idx].item()!r}, "
         f"reference {expected.reshape(-1)[idx].item()!r}, error {err.reshape(-1)[idx].item():.3e} "
@@ -109,4 +113,6 @@ def assert_close_to_reference(
         bound = atol + rtol * r.abs()
     bad = ~(err <= bound)
     if bool(bad.any()):
-        raise AssertionError(f"{int(bad.sum())}/{err.numel()} elements out of tolerance; " + _describe_worst(a, r, err, bound))
+        raise AssertionError(
+            f"{int(bad.sum())}/{err.numel()} elements out of tolerance; " + _describe_worst(a, r, err, bound)
+        )

@@ -22,15 +22,14 @@ at::Tensor clipped_log(const at::Tensor& x_in, double eps, bool /*straight_throu
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_clipped_log_cpu", [&] {
     using Vec = at::vec::Vectorized<opmath_t<scalar_t>>;
     const Vec eps_vec(static_cast<opmath_t<scalar_t>>(eps));
-    elementwise<scalar_t, 1>(
-        y.data_ptr<scalar_t>(), x.numel(), [&](const Vec& v) { return at::vec::maximum(v, eps_vec).log(); },
-        {x.const_data_ptr<scalar_t>()});
+    elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(),
+                             [&](const Vec& v) { return at::vec::maximum(v, eps_vec).log(); },
+                             {x.const_data_ptr<scalar_t>()});
   });
   return y;
 }
 
-at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_in, double eps,
-                                bool straight_through) {
+at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_in, double eps, bool straight_through) {
   check_floating("clipped_log_backward", "x", x_in);
   check_same_dtype("clipped_log_backward", "grad_out", grad_in, "x", x_in);
   check_same_shape("clipped_log_backward", "grad_out", grad_in, "x", x_in);
@@ -45,8 +44,8 @@ at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_i
     const std::array<const scalar_t*, 2> in = {grad.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>()};
     if (straight_through) {
       elementwise<scalar_t, 2>(
-          dx.data_ptr<scalar_t>(), x.numel(), [&](const Vec& g, const Vec& v) { return g / at::vec::maximum(v, eps_vec); },
-          in);
+          dx.data_ptr<scalar_t>(), x.numel(),
+          [&](const Vec& g, const Vec& v) { return g / at::vec::maximum(v, eps_vec); }, in);
     } else {
       elementwise<scalar_t, 2>(
           dx.data_ptr<scalar_t>(), x.numel(),

@@ -9,8 +9,8 @@
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <fastops/checks.h>
-#include <fastops/cuda_loops.cuh>
 #include <torch/library.h>
+#include <fastops/cuda_loops.cuh>
 
 namespace fastops::cuda {
 namespace {
@@ -50,8 +50,7 @@ at::Tensor clipped_log(const at::Tensor& x_in, double eps, bool /*straight_throu
   return y;
 }
 
-at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_in, double eps,
-                                bool straight_through) {
+at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_in, double eps, bool straight_through) {
   check_floating("clipped_log_backward", "x", x_in);
   check_same_device("clipped_log_backward", "grad_out", grad_in, "x", x_in);
   check_same_dtype("clipped_log_backward", "grad_out", grad_in, "x", x_in);

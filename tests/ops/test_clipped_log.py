@@ -36,11 +36,17 @@ def _sample(shape: tuple[int, ...], dtype: torch.dtype, device: str, eps: float)
     return x.to(dtype=dtype, device=device)
 
 
-def _run(x: torch.Tensor, eps: float, straight_through: bool, fn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _run(
+    x: torch.Tensor, eps: float, straight_through: bool, fn
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Forward and input gradient of fn, with a random upstream gradient of x's dtype."""
     x = x.detach().requires_grad_(True)
     y = fn(x, eps, straight_through)
-    g = torch.randn(y.shape, dtype=y.dtype, device=y.device, generator=torch.Generator().manual_seed(1)) if y.device.type == "cpu" else torch.randn_like(y)
+    g = (
+        torch.randn(y.shape, dtype=y.dtype, device=y.device, generator=torch.Generator().manual_seed(1))
+        if y.device.type == "cpu"
+        else torch.randn_like(y)
+    )
     (grad_x,) = torch.autograd.grad(y, x, g) if y.numel() else (torch.zeros_like(x),)
     return y.detach(), grad_x, g
 
@@ -49,7 +55,9 @@ def _run(x: torch.Tensor, eps: float, straight_through: bool, fn) -> tuple[torch
 @dtypes
 @MODES
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_matches_reference(device: str, dtype: torch.dtype, straight_through: bool, shape: tuple[int, ...]) -> None:
+def test_matches_reference(
+    device: str, dtype: torch.dtype, straight_through: bool, shape: tuple[int, ...]
+) -> None:
     eps = _eps_for(dtype)
     base = _sample(shape, dtype, device, eps)
     for layout, x in layouts(base):
@@ -103,7 +111,11 @@ def test_special_values(device: str, dtype: torch.dtype) -> None:
     (got_st,) = torch.autograd.grad(fastops.clipped_log(xs, eps, straight_through=True), xs, g)
     want_st = g.double() / torch.clamp(x.double(), min=eps)
     assert_close_to_reference(got_st, want_st, rtol=1e-2 if dtype != torch.float32 else None)
-    assert torch.isnan(got_st[0]) and got_st[6].item() == pytest.approx(1.0 / eps) and got_st[7].item() == pytest.approx(1.0 / eps)
+    assert (
+        torch.isnan(got_st[0])
+        and got_st[6].item() == pytest.approx(1.0 / eps)
+        and got_st[7].item() == pytest.approx(1.0 / eps)
+    )
 
 
 def test_fp16_tiny_eps_is_held_in_fp32() -> None:

@@ -21,8 +21,8 @@ inline void check_floating(const char* op, const char* arg, const at::Tensor& t)
 
 inline void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                               const at::Tensor& ref) {
-  TORCH_CHECK(t.device() == ref.device(), "fastops.", op, ": expected ", arg, " on the same device as ", ref_arg,
-              " (", ref.device(), "), got ", t.device());
+  TORCH_CHECK(t.device() == ref.device(), "fastops.", op, ": expected ", arg, " on the same device as ", ref_arg, " (",
+              ref.device(), "), got ", t.device());
 }
 
 inline void check_same_dtype(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,

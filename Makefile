@@ -1,0 +1,71 @@
+# fastops developer commands. Each target uses the active virtualenv when one is active
+# ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
+#   make test        build fastops (editable) and run the test suite
+#   make bench       run the benchmarks on this machine, results into benchmarks/results/
+#   make lint        ruff, clang-format, mypy
+#   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)
+SHELL := /bin/bash
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+CUDA_TORCH_SPEC ?= torch==2.14.1
+CUDA_ARCH ?= 9.0
+
+ifdef VIRTUAL_ENV
+PY := $(VIRTUAL_ENV)/bin/python
+ENV_STAMP :=
+else
+PY := .venv/bin/python
+ENV_STAMP := .venv/.installed
+endif
+
+.PHONY: env install test bench demo lint format cuda-check clean
+
+.venv/.installed: requirements-dev.txt
+	$(PYTHON) -m venv .venv
+	.venv/bin/python -m pip install -q $(TORCH_SPEC) -r requirements-dev.txt
+	touch $@
+
+env: $(ENV_STAMP)
+
+install: env
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+
+test: install
+	$(PY) -m pytest tests -q
+
+bench: install
+	$(PY) -m benchmarks.bench_clipped_log
+
+lint: env
+	$(PY) -m ruff check fastops tests benchmarks setup.py
+	$(PY) -m ruff format --check fastops tests benchmarks setup.py
+	find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' | xargs $(dir $(PY))clang-format --dry-run -Werror
+	$(PY) -m mypy
+
+format: env
+	$(PY) -m ruff check --fix fastops tests benchmarks setup.py
+	$(PY) -m ruff format fastops tests benchmarks setup.py
+	find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' | xargs $(dir $(PY))clang-format -i
+
+.venv-cuda/.installed:
+	$(PYTHON) -m venv .venv-cuda
+	.venv-cuda/bin/python -m pip install -q $(CUDA_TORCH_SPEC) numpy ninja "setuptools>=64" wheel
+	touch $@
+
+# Builds a wheel with the CUDA kernels from a copy of the tree, installs it and imports it (which
+# resolves every symbol of the library), then runs a CPU op through it.
+cuda-check: .venv-cuda/.installed
+	@set -euo pipefail; tmp=$$(mktemp -d); \
+	git ls-files -z -c -o --exclude-standard | xargs -0 cp --parents -t $$tmp; \
+	cd $$tmp && FASTOPS_CUDA=1 TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH)" CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} \
+	  $(CURDIR)/.venv-cuda/bin/python -m pip wheel -q --no-build-isolation --no-deps -w dist . ; \
+	$(CURDIR)/.venv-cuda/bin/python -m pip install -q --no-deps --force-reinstall --target $$tmp/site dist/*.whl; \
+	cd /tmp && PYTHONPATH=$$tmp/site $(CURDIR)/.venv-cuda/bin/python -m fastops.info | tee $$tmp/info.txt; \
+	grep -q "CUDA kernels: compiled in" $$tmp/info.txt; \
+	PYTHONPATH=$$tmp/site $(CURDIR)/.venv-cuda/bin/python -c "import torch, fastops; \
+	  x = torch.rand(1000) + 0.1; torch.testing.assert_close(fastops.clipped_log(x), torch.log(x)); \
+	  print('cuda-check: CUDA build of fastops imports and runs')"; \
+	rm -rf $$tmp
+
+clean:
+	rm -rf build dist *.egg-info fastops/_C*.so fastops/_compiled.json

@@ -1,0 +1,287 @@
+"""Shared benchmark harness: timing, a copy roofline, environment capture and result files.
+
+Every bench_<op>.py builds a list of `Case`s (one op, size, dtype, direction and provider each),
+times them with `measure`, and writes them with `write_results`. Timings are medians with p20/p80
+over repetitions after warm-up; GPU times come from CUDA events. Achieved bandwidth is the op's
+minimal byte count (each input read once, each output written once) divided by the median time, and
+is shown against the copy bandwidth measured in the same run (`copy_roofline_gbps`).
+
+Allocation effects on the CPU: glibc hands allocations above its mmap threshold (32 MiB here, after
+its dynamic adjustment) straight to the kernel, so every fresh large output page-faults on first
+touch and a benchmark then measures the page-fault handler. `fair_cpu_allocation()` raises the
+thresholds so freed blocks are reused, for every provider alike (torch's CPU allocator sits on
+malloc); pass --fresh-pages to measure with first-touch faults instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (smoke run)")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
+    parser.add_argument(
+        "--fresh-pages", action="store_true", help="CPU: keep glibc's mmap threshold (page faults)"
+    )
+    parser.add_argument("--min-time", type=float, default=1.0, help="seconds of timed repetitions per case")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS_DIR, help="directory for the CSV/markdown results"
+    )
+    parser.add_argument("--tag", default="", help="suffix for the result file names")
+    return parser
+
+
+def fair_cpu_allocation() -> bool:
+    """Let glibc reuse freed large blocks instead of unmapping them (see the module docstring)."""
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    # mallopt's mmap threshold is capped at 32 MiB, so switch mmap off (M_MMAP_MAX = 0) and never
+    # trim: large blocks then come from the heap and are reused after free, with no first-touch faults.
+    m_trim_threshold, m_mmap_max = -1, -4
+    ok = libc.mallopt(m_mmap_max, ctypes.c_int(0)) == 1
+    ok = libc.mallopt(m_trim_threshold, ctypes.c_int(2**31 - 1)) == 1 and ok
+    return ok
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(
+    fn: Callable[[], object],
+    device: str,
+    min_time: float = 1.0,
+    warmup: int = 3,
+    max_reps: int = 1000,
+    min_reps: int = 5,
+) -> list[float]:
+    """Per-call times in ms of fn() after warm-up: CUDA events on the GPU, perf_counter on the CPU."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times: list[float] = []
+    start_wall = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - start_wall < min_time):
+        if device == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(begin.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def quantiles(times: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p20, p80) of a list of times."""
+    ordered = sorted(times)
+    if len(ordered) == 1:
+        return ordered[0], ordered[0], ordered[0]
+    q = statistics.quantiles(ordered, n=10, method="inclusive")
+    return statistics.median(ordered), q[1], q[7]
+
+
+def copy_roofline_gbps(device: str, nbytes: int | None = None, min_time: float = 1.0) -> float:
+    """Bandwidth of dst.copy_(src) in GB/s, counting bytes read plus bytes written."""
+    if nbytes is None:
+        nbytes = (1 << 30) if device == "cuda" else (256 << 20)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    median, _, _ = quantiles(time_ms(lambda: dst.copy_(src), device, min_time=min_time))
+    return 2 * nbytes / (median * 1e-3) / 1e9
+
+
+@dataclass
+class Result:
+    op: str
+    case: str
+    direction: str
+    dtype: str
+    size: str
+    provider: str
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    bytes: int
+    gbps: float
+    roofline_pct: float
+    extra: dict[str, float | str] = field(default_factory=dict)
+
+
+def measure(
+    op: str,
+    case: str,
+    direction: str,
+    dtype: torch.dtype,
+    size: str,
+    provider: str,
+    fn: Callable[[], object],
+    device: str,
+    nbytes: int,
+    roofline: float,
+    min_time: float,
+    **extra: float | str,
+) -> Result:
+    median, p20, p80 = quantiles(time_ms(fn, device, min_time=min_time))
+    gbps = nbytes / (median * 1e-3) / 1e9 if nbytes else 0.0
+    return Result(
+        op,
+        case,
+        direction,
+        str(dtype).removeprefix("torch."),
+        size,
+        provider,
+        median,
+        p20,
+        p80,
+        nbytes,
+        gbps,
+        100 * gbps / roofline if roofline else 0.0,
+        dict(extra),
+    )
+
+
+def environment(device: str) -> dict[str, str]:
+    """What a result depends on: machine, versions, build and git state."""
+    import fastops
+    from fastops import _extension
+
+    ext = _extension.load()
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
+        except OSError:
+            pass
+        name += f", {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    try:
+        sha = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            or "unknown"
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        if dirty:
+            sha += "+dirty"
+    except (OSError, subprocess.SubprocessError):
+        sha = "unknown"
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+        "fastops": f"{fastops.__version__} ({ext.mode}, cpu {ext.cpu_capability}, cuda kernels {ext.with_cuda})",
+        "git": sha,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def format_table(results: Sequence[Result], roofline: float) -> str:
+    """Markdown table; speedup columns compare each provider with fastops in the same row group."""
+    lines = [
+        f"copy roofline: {roofline:.1f} GB/s (read + write)",
+        "",
+        "| case | dir | dtype | size | provider | median ms | p20 | p80 | GB/s | % roofline | fastops speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    groups: dict[tuple[str, str, str, str], dict[str, Result]] = {}
+    for r in results:
+        groups.setdefault((r.case, r.direction, r.dtype, r.size), {})[r.provider] = r
+    for r in results:
+        ours = groups[(r.case, r.direction, r.dtype, r.size)].get("fastops")
+        speedup = f"{r.median_ms / ours.median_ms:.2f}x" if ours and r.provider != "fastops" else ""
+        lines.append(
+            f"| {r.case} | {r.direction} | {r.dtype} | {r.size} | {r.provider} | {r.median_ms:.4f} | "
+            f"{r.p20_ms:.4f} | {r.p80_ms:.4f} | {r.gbps:.1f} | {r.roofline_pct:.0f}% | {speedup} |"
+        )
+    return "\n".join(lines)
+
+
+def write_results(
+    op: str,
+    device: str,
+    results: Sequence[Result],
+    roofline: float,
+    out_dir: Path,
+    tag: str = "",
+    notes: str = "",
+) -> tuple[Path, Path]:
+    """Writes <op>_<device>[_tag].csv and .md under out_dir, with the environment in both."""
+    env = environment(device)
+    env["copy_roofline_gbps"] = f"{roofline:.1f}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{op}_{device}" + (f"_{tag}" if tag else "")
+    csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
+    with csv_path.open("w", newline="") as f:
+        for key, value in env.items():
+            f.write(f"# {key}: {value}\n")
+        fields = [k for k in asdict(results[0]) if k != "extra"] if results else []
+        extra_keys = sorted({k for r in results for k in r.extra})
+        writer = csv.writer(f)
+        writer.writerow(fields + extra_keys)
+        for r in results:
+            row = asdict(r)
+            writer.writerow([row[k] for k in fields] + [r.extra.get(k, "") for k in extra_keys])
+    header = "\n".join(f"- {k}: {v}" for k, v in env.items())
+    md_path.write_text(f"# {op} on {device}\n\n{header}\n\n{notes}\n\n{format_table(results, roofline)}\n")
+    return csv_path, md_path
+
+
+def maybe_compile(fn: Callable, enabled: bool) -> Callable | None:
+    """torch.compile(fn) (default mode, static shapes) or None when disabled."""
+    if not enabled:
+        return None
+    return torch.compile(fn, dynamic=False)
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)

@@ -1,0 +1,74 @@
+"""`python -m fastops.info`: what is installed and compiled, for bug reports."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+
+def _op_devices() -> dict[str, list[str]]:
+    """Each fastops op (forward ops and their backward twins) with the devices that have a kernel."""
+    ops: dict[str, list[str]] = {}
+    for name in sorted(dir(torch.ops.fastops)):
+        if name.startswith("_"):
+            continue
+        try:
+            packet = getattr(torch.ops.fastops, name)
+            overload = packet.default
+        except (AttributeError, RuntimeError):
+            continue
+        devices = [
+            key.lower()
+            for key in ("CPU", "CUDA")
+            if torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), key)
+        ]
+        ops[name] = devices
+    return ops
+
+
+def report() -> str:
+    import fastops
+    from fastops import _extension
+
+    ext = _extension.load()
+    lines = [
+        f"fastops {fastops.__version__}",
+        f"  build: {ext.mode} ({ext.path})",
+        f"  CPU kernels: {ext.cpu_capability} vector ISA; torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads",
+    ]
+    if ext.with_cuda:
+        archs = ext.details.get("cuda_archs", "unknown")
+        arch_list = ", ".join(f"sm_{int(a) // 10}{int(a) % 10}" for a in archs.split(",") if a.isdigit())
+        runtime = int(ext.details.get("cuda_runtime", "0"))
+        lines.append(
+            f"  CUDA kernels: compiled in, archs {arch_list or archs}, CUDA runtime "
+            f"{runtime // 1000}.{runtime % 1000 // 10}"
+        )
+    else:
+        lines.append("  CUDA kernels: not compiled in")
+    lines += [
+        f"python {platform.python_version()} ({sys.executable})",
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
+        f"{torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}",
+    ]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            cap = torch.cuda.get_device_capability(i)
+            lines.append(f"  cuda:{i} {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
+    else:
+        lines.append("  no CUDA device visible")
+    lines.append("ops (torch.ops.fastops.<name>: devices with a kernel):")
+    for name, devices in _op_devices().items():
+        lines.append(f"  {name:32s} {', '.join(devices) or 'none'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    print(report())
+
+
+if __name__ == "__main__":
+    main()
