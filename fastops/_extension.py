@@ -104,6 +104,8 @@ def _jit_build() -> LoadedExtension:
 
 
 def _import_prebuilt() -> LoadedExtension | None:
+    import torch  # noqa: F401  (loads libc10/libtorch, which fastops._C links against)
+
     if importlib.util.find_spec("fastops._C") is None:
         return None
     config: dict = {}

@@ -7,8 +7,27 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 namespace fastops {
+
+// Message pieces are formatted here, never by streaming numbers, shapes or devices into
+// TORCH_CHECK: on some toolchains (seen on the GPU image: libstdc++ pieces linked into the
+// extension) iostream's numeric formatting inside an extension crashes. Strings alone are safe.
+inline std::string str(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+inline std::string str(int64_t v) { return std::to_string(v); }
+inline std::string str(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+inline std::string str(const at::Device& d) { return d.str(); }
+inline std::string str(at::ScalarType t) { return c10::toString(t); }
 
 // Floating dtypes every op accepts; fp64 is accepted on the CPU (gradcheck needs it).
 inline void check_floating(const char* op, const char* arg, const at::Tensor& t) {
@@ -16,30 +35,30 @@ inline void check_floating(const char* op, const char* arg, const at::Tensor& t)
   const bool ok = dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 ||
                   (dtype == at::kDouble && t.device().is_cpu());
   TORCH_CHECK(ok, "fastops.", op, ": expected ", arg, " to be a float32, float16 or bfloat16 tensor",
-              t.device().is_cpu() ? " (or float64 on the CPU)" : "", ", got ", dtype, " on ", t.device());
+              t.device().is_cpu() ? " (or float64 on the CPU)" : "", ", got ", str(dtype), " on ", str(t.device()));
 }
 
 inline void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                               const at::Tensor& ref) {
   TORCH_CHECK(t.device() == ref.device(), "fastops.", op, ": expected ", arg, " on the same device as ", ref_arg, " (",
-              ref.device(), "), got ", t.device());
+              str(ref.device()), "), got ", str(t.device()));
 }
 
 inline void check_same_dtype(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                              const at::Tensor& ref) {
   TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "fastops.", op, ": expected ", arg, " to have the dtype of ",
-              ref_arg, " (", ref.scalar_type(), "), got ", t.scalar_type());
+              ref_arg, " (", str(ref.scalar_type()), "), got ", str(t.scalar_type()));
 }
 
 inline void check_same_shape(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                              const at::Tensor& ref) {
   TORCH_CHECK(t.sizes() == ref.sizes(), "fastops.", op, ": expected ", arg, " to have the shape of ", ref_arg, " ",
-              ref.sizes(), ", got ", t.sizes());
+              str(ref.sizes()), ", got ", str(t.sizes()));
 }
 
 inline void check_positive_finite(const char* op, const char* arg, double value) {
   TORCH_CHECK(std::isfinite(value) && value > 0.0, "fastops.", op, ": expected ", arg,
-              " to be a finite number > 0, got ", value);
+              " to be a finite number > 0, got ", str(value));
 }
 
 // Elementwise kernels walk memory flat. A tensor qualifies when it is non-overlapping and dense
