@@ -210,6 +210,8 @@ def environment(device: str) -> dict[str, str]:
             sha += "+dirty"
     except (OSError, subprocess.SubprocessError):
         sha = "unknown"
+    if sha == "unknown":  # a copy without .git (the GPU machine): the caller passes the sha along
+        sha = os.environ.get("FASTOPS_GIT_SHA", "unknown")
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": name,
