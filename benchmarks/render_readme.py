@@ -1,0 +1,81 @@
+"""Regenerates the README's benchmark summary from benchmarks/results/*.csv (never typed by hand).
+
+For each result file it keeps, per (case, direction, dtype), the largest size measured and shows
+fastops' median time, its speedup over every other provider in that row group and its share of the
+copy roofline.
+
+    python -m benchmarks.render_readme
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parent.parent / "README.md"
+START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+
+
+def _size_key(size: str) -> float:
+    match = re.fullmatch(r"(\d+)([KM]?)", size)
+    if not match:
+        return 0.0
+    return int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20}[match.group(2)]
+
+
+def summarize(path: Path) -> str:
+    header: dict[str, str] = {}
+    table_lines: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.startswith("# ") and ": " in line:  # the environment lines write_results puts first
+            key, value = line[2:].split(": ", 1)
+            header[key] = value
+        else:
+            table_lines.append(line)
+    rows = list(csv.DictReader(table_lines))
+    if not rows:
+        return ""
+    groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]] = {}
+    for r in rows:
+        groups.setdefault((r["case"], r["direction"], r["dtype"]), {}).setdefault(r["size"], {})[r["provider"]] = r
+    providers = sorted({r["provider"] for r in rows} - {"fastops"})
+    out = [
+        f"**{path.stem}** — {header.get('device', '?')}, torch {header.get('torch', '?')}, "
+        f"{header.get('date', '?')}, git {header.get('git', '?')}; copy roofline "
+        f"{header.get('copy_roofline_gbps', '?')} GB/s ([full table](benchmarks/results/{path.stem}.md))",
+        "",
+        "| case | dir | dtype | size | fastops ms | % roofline | " + " | ".join(f"vs {p}" for p in providers) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(providers),
+    ]
+    for (case, direction, dtype), by_size in groups.items():
+        size = max(by_size, key=_size_key)
+        group = by_size[size]
+        ours = group.get("fastops")
+        if ours is None:
+            continue
+        ratios = [
+            f"{float(group[p]['median_ms']) / float(ours['median_ms']):.2f}x" if p in group else "" for p in providers
+        ]
+        out.append(
+            f"| {case} | {direction} | {dtype} | {size} | {float(ours['median_ms']):.4f} | "
+            f"{float(ours['roofline_pct']):.0f}% | " + " | ".join(ratios) + " |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    sections = [s for s in (summarize(p) for p in sorted(RESULTS.glob("*.csv"))) if s]
+    text = README.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"README.md lacks the {START} / {END} markers")
+    body = "\n\n".join(sections) if sections else "_no results yet_"
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    README.write_text(f"{head}{START}\n{body}\n{END}{tail}")
+    print(f"README.md: {len(sections)} result files summarized")
+
+
+if __name__ == "__main__":
+    main()
