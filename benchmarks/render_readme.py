@@ -39,14 +39,18 @@ def summarize(path: Path) -> str:
         return ""
     groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]] = {}
     for r in rows:
-        groups.setdefault((r["case"], r["direction"], r["dtype"]), {}).setdefault(r["size"], {})[r["provider"]] = r
+        groups.setdefault((r["case"], r["direction"], r["dtype"]), {}).setdefault(r["size"], {})[
+            r["provider"]
+        ] = r
     providers = sorted({r["provider"] for r in rows} - {"fastops"})
     out = [
         f"**{path.stem}** — {header.get('device', '?')}, torch {header.get('torch', '?')}, "
         f"{header.get('date', '?')}, git {header.get('git', '?')}; copy roofline "
         f"{header.get('copy_roofline_gbps', '?')} GB/s ([full table](benchmarks/results/{path.stem}.md))",
         "",
-        "| case | dir | dtype | size | fastops ms | % roofline | " + " | ".join(f"vs {p}" for p in providers) + " |",
+        "| case | dir | dtype | size | fastops ms | % roofline | "
+        + " | ".join(f"vs {p}" for p in providers)
+        + " |",
         "|---|---|---|---|---|---|" + "---|" * len(providers),
     ]
     for (case, direction, dtype), by_size in groups.items():
@@ -56,7 +60,8 @@ def summarize(path: Path) -> str:
         if ours is None:
             continue
         ratios = [
-            f"{float(group[p]['median_ms']) / float(ours['median_ms']):.2f}x" if p in group else "" for p in providers
+            f"{float(group[p]['median_ms']) / float(ours['median_ms']):.2f}x" if p in group else ""
+            for p in providers
         ]
         out.append(
             f"| {case} | {direction} | {dtype} | {size} | {float(ours['median_ms']):.4f} | "

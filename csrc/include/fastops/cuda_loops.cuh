@@ -103,6 +103,21 @@ inline int multiprocessor_count() {
 
 inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// One full wave of `kernel`: resident blocks per SM (from the occupancy calculator, which accounts
+// for the kernel's registers) times the SM count (the per-SM figure is cached per kernel). A grid-stride kernel
+// launched with exactly this many blocks has no partial last wave; a fixed "8 blocks per SM" overshoots when registers
+// limit residency and leaves the tail of the work to a fraction of the GPU. Kernel is a template argument so the cached
+// value is per kernel, not per signature.
+template <auto Kernel>
+int64_t full_wave_blocks(int threads) {
+  static const int per_sm = [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, 0));
+    return std::max(blocks, 1);
+  }();
+  return static_cast<int64_t>(per_sm) * multiprocessor_count();
+}
+
 // Launches out[i] = op(in[0][i], ...) over n elements on the current stream. op takes and returns
 // at::opmath_type<T>.
 template <typename T, int NumIn, typename Op>
@@ -111,16 +126,17 @@ void launch_elementwise(T* out, int64_t n, const Op& op, std::array<const T*, Nu
   constexpr int kVec = 16 / sizeof(T);
   bool aligned = is_aligned16(out);
   for (const T* p : in) aligned = aligned && is_aligned16(p);
-  const int vec = aligned ? kVec : 1;
-  const int64_t work_per_block = static_cast<int64_t>(kThreads) * kUnroll * vec;
-  // Enough blocks to fill every SM several times over; the grid-stride loop covers the rest.
-  const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count()) * 8;
-  const int64_t blocks = std::clamp<int64_t>((n + work_per_block - 1) / work_per_block, 1, max_blocks);
+  const int64_t work_per_block = static_cast<int64_t>(kThreads) * kUnroll * (aligned ? kVec : 1);
+  const int64_t needed = (n + work_per_block - 1) / work_per_block;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (aligned) {
-    elementwise_kernel<T, kVec, NumIn><<<blocks, kThreads, 0, stream>>>(out, n, op, in);
+    constexpr auto kernel = elementwise_kernel<T, kVec, NumIn, Op>;
+    const int64_t blocks = std::clamp<int64_t>(needed, 1, full_wave_blocks<kernel>(kThreads));
+    kernel<<<blocks, kThreads, 0, stream>>>(out, n, op, in);
   } else {
-    elementwise_kernel<T, 1, NumIn><<<blocks, kThreads, 0, stream>>>(out, n, op, in);
+    constexpr auto kernel = elementwise_kernel<T, 1, NumIn, Op>;
+    const int64_t blocks = std::clamp<int64_t>(needed, 1, full_wave_blocks<kernel>(kThreads));
+    kernel<<<blocks, kThreads, 0, stream>>>(out, n, op, in);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
