@@ -2,7 +2,8 @@
 
 For each result file it keeps, per (case, direction, dtype), the largest size measured and shows
 fastops' median time, its speedup over every other provider in that row group and its share of the
-copy roofline.
+copy roofline. A file with more than MAX_ROWS such groups (e.g. one row per layer shape) is folded
+into one row per (direction, dtype) with the geometric-mean speedup over all its cases.
 
     python -m benchmarks.render_readme
 """
@@ -10,19 +11,27 @@ copy roofline.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+MAX_ROWS = 16
+_SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def _size_key(size: str) -> float:
-    match = re.fullmatch(r"(\d+)([KM]?)", size)
-    if not match:
+    """Element count of a size label: "64K", "4096x4096", "32x96x56x56" (0 when unreadable)."""
+    factors = re.findall(r"(\d+)([KMG]?)", size)
+    if not factors or not re.fullmatch(r"[\dKMG]+(x[\dKMG]+)*", size):
         return 0.0
-    return int(match.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20}[match.group(2)]
+    return float(math.prod(int(n) * _SCALE[unit] for n, unit in factors))
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def summarize(path: Path) -> str:
@@ -43,10 +52,15 @@ def summarize(path: Path) -> str:
             r["provider"]
         ] = r
     providers = sorted({r["provider"] for r in rows} - {"fastops"})
-    out = [
+    title = (
         f"**{path.stem}** — {header.get('device', '?')}, torch {header.get('torch', '?')}, "
         f"{header.get('date', '?')}, git {header.get('git', '?')}; copy roofline "
-        f"{header.get('copy_roofline_gbps', '?')} GB/s ([full table](benchmarks/results/{path.stem}.md))",
+        f"{header.get('copy_roofline_gbps', '?')} GB/s ([full table](benchmarks/results/{path.stem}.md))"
+    )
+    if len(groups) > MAX_ROWS:
+        return "\n".join([title, "", *_folded_table(groups, providers)])
+    out = [
+        title,
         "",
         "| case | dir | dtype | size | fastops ms | % roofline | "
         + " | ".join(f"vs {p}" for p in providers)
@@ -68,6 +82,39 @@ def summarize(path: Path) -> str:
             f"{float(ours['roofline_pct']):.0f}% | " + " | ".join(ratios) + " |"
         )
     return "\n".join(out)
+
+
+def _folded_table(
+    groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]], providers: list[str]
+) -> list[str]:
+    """One row per (direction, dtype): geometric-mean speedup of fastops over each provider across
+    every (case, size) measured, and the median share of the roofline."""
+    folded: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for (_case, direction, dtype), by_size in groups.items():
+        for group in by_size.values():
+            ours = group.get("fastops")
+            if ours is None:
+                continue
+            acc = folded.setdefault((direction, dtype), {})
+            acc.setdefault("roofline", []).append(float(ours["roofline_pct"]))
+            for p in providers:
+                if p in group:
+                    acc.setdefault(p, []).append(float(group[p]["median_ms"]) / float(ours["median_ms"]))
+    out = [
+        "| dir | dtype | cases | median % roofline | "
+        + " | ".join(f"vs {p} (geomean)" for p in providers)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(providers),
+    ]
+    for (direction, dtype), acc in folded.items():
+        roof = sorted(acc["roofline"])
+        cells = [f"{_geomean(acc[p]):.2f}x" if p in acc else "" for p in providers]
+        out.append(
+            f"| {direction} | {dtype} | {len(roof)} | {roof[len(roof) // 2]:.0f}% | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return out
 
 
 def main() -> None:
