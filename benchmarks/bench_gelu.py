@@ -28,7 +28,10 @@ OP = "gelu"
 
 def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):  # noqa: ANN001, ANN202
     """A closure timing forward + backward of fn(x, *extra) for the upstream gradient g."""
-    leaves = (x.detach().clone().requires_grad_(True), *(e.detach().clone().requires_grad_(True) for e in extra))
+    leaves = (
+        x.detach().clone().requires_grad_(True),
+        *(e.detach().clone().requires_grad_(True) for e in extra),
+    )
 
     def run() -> tuple[torch.Tensor, ...]:
         return torch.autograd.grad(fn(*leaves), leaves, g)
@@ -69,14 +72,42 @@ def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[comm
                 for name, (fwd, bwd) in providers.items():
                     with torch.no_grad():
                         r_f = common.measure(
-                            OP, case, "fwd", dtype, size, name, lambda f=fwd: f(x), device, 2 * n * item, roofline, min_time
+                            OP,
+                            case,
+                            "fwd",
+                            dtype,
+                            size,
+                            name,
+                            lambda f=fwd, x=x: f(x),
+                            device,
+                            2 * n * item,
+                            roofline,
+                            min_time,
                         )
                         r_b = common.measure(
-                            OP, case, "bwd", dtype, size, name, lambda b=bwd: b(g, x), device, 3 * n * item, roofline,
+                            OP,
+                            case,
+                            "bwd",
+                            dtype,
+                            size,
+                            name,
+                            lambda b=bwd, g=g, x=x: b(g, x),
+                            device,
+                            3 * n * item,
+                            roofline,
                             min_time,
                         )
                     r_fb = common.measure(
-                        OP, case, "fwd+bwd", dtype, size, name, _grad_input(fwd, x, g), device, 5 * n * item, roofline,
+                        OP,
+                        case,
+                        "fwd+bwd",
+                        dtype,
+                        size,
+                        name,
+                        _grad_input(fwd, x, g),
+                        device,
+                        5 * n * item,
+                        roofline,
                         min_time,
                     )
                     results += [r_f, r_b, r_fb]
@@ -100,7 +131,9 @@ def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list
         def ours(t: torch.Tensor, b: torch.Tensor, a: str = approximate) -> torch.Tensor:
             return fastops.bias_gelu(t, b, a)
 
-        def eager_bwd(g: torch.Tensor, h: torch.Tensor, a: str = approximate) -> tuple[torch.Tensor, torch.Tensor]:
+        def eager_bwd(
+            g: torch.Tensor, h: torch.Tensor, a: str = approximate
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             dx = torch.ops.aten.gelu_backward(g, h, approximate=a)
             return dx, dx.sum(0)
 
@@ -113,7 +146,7 @@ def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list
         }
         if not args.no_compile:
             compiled_bwd = common.maybe_compile(eager_bwd, True)
-            bwd_providers["compile"] = lambda g, x, b, h: compiled_bwd(g, h)
+            bwd_providers["compile"] = lambda g, x, b, h, c=compiled_bwd: c(g, h)
         for dtype in (torch.float32, torch.bfloat16):
             for rows, cols in shape_list:
                 n = rows * cols
@@ -126,17 +159,44 @@ def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list
                 for name, fwd in providers.items():
                     with torch.no_grad():
                         r_f = common.measure(
-                            OP, case, "fwd", dtype, size, name, lambda f=fwd: f(x, b), device, 2 * n * item, roofline,
+                            OP,
+                            case,
+                            "fwd",
+                            dtype,
+                            size,
+                            name,
+                            lambda f=fwd, x=x, b=b: f(x, b),
+                            device,
+                            2 * n * item,
+                            roofline,
                             min_time,
                         )
                         bwd = bwd_providers[name]
                         r_b = common.measure(
-                            OP, case, "bwd", dtype, size, name, lambda f=bwd: f(g, x, b, h), device, 3 * n * item,
-                            roofline, min_time,
+                            OP,
+                            case,
+                            "bwd",
+                            dtype,
+                            size,
+                            name,
+                            lambda f=bwd, g=g, x=x, b=b, h=h: f(g, x, b, h),
+                            device,
+                            3 * n * item,
+                            roofline,
+                            min_time,
                         )
                     r_fb = common.measure(
-                        OP, case, "fwd+bwd", dtype, size, name, _grad_input(fwd, x, g, (b,)), device, 5 * n * item,
-                        roofline, min_time,
+                        OP,
+                        case,
+                        "fwd+bwd",
+                        dtype,
+                        size,
+                        name,
+                        _grad_input(fwd, x, g, (b,)),
+                        device,
+                        5 * n * item,
+                        roofline,
+                        min_time,
                     )
                     results += [r_f, r_b, r_fb]
                     print(
@@ -175,7 +235,7 @@ def mlp_cases(args, device: str, roofline: float, min_time: float) -> list[commo
         for name, block in blocks.items():
             xi = x.detach().clone().requires_grad_(True)
 
-            def step(block=block, xi=xi) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+            def step(block=block, xi=xi, g=g) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
                 return torch.autograd.grad(block(xi), [xi, *block.parameters()], g)
 
             r = common.measure(OP, "mlp", "fwd+bwd", dtype, size, name, step, device, 0, roofline, min_time)
@@ -192,8 +252,14 @@ def mlp_cases(args, device: str, roofline: float, min_time: float) -> list[commo
 
 
 def main() -> None:
-    args = common.base_parser(__doc__.splitlines()[0]).parse_args()
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
+    )
+    args = parser.parse_args()
     device = args.device
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if device == "cpu" and not args.fresh_pages:
         common.fair_cpu_allocation()
     min_time = 0.3 if args.quick else args.min_time
@@ -211,7 +277,12 @@ def main() -> None:
     if device == "cpu":
         notes += (
             " CPU allocations: "
-            + ("fresh pages (glibc default)" if args.fresh_pages else "glibc mmap disabled, freed blocks reused")
+            + (
+                "fresh pages (glibc default)"
+                if args.fresh_pages
+                else "glibc mmap disabled, freed blocks reused"
+            )
+            + f", {torch.get_num_threads()} torch thread(s)"
             + ". The CPU is shared with other jobs while this runs: expect noise of 10-30%; read medians with p20/p80."
         )
     table = common.format_table(results, roofline)

@@ -400,11 +400,11 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
     using M = opmath_t<scalar_t>;
     const at::Tensor bias = bias_in.to(c10::CppTypeToScalarType<M>::value).contiguous();
     if (use_tanh) {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
-                             x.numel(), n, GeluTanhForward{});
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
+                             n, GeluTanhForward{});
     } else {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
-                             x.numel(), n, GeluErfForward<accuracy_for<scalar_t>()>{});
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
+                             n, GeluErfForward<accuracy_for<scalar_t>()>{});
     }
   });
   return y;
@@ -433,7 +433,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
                               x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluTanhBackward{});
     } else {
       bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
-                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluErfBackward<Accuracy::kFull>{});
+                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n,
+                              GeluErfBackward<Accuracy::kFull>{});
     }
     grad_bias = acc.to(x.scalar_type());
   });
