@@ -58,6 +58,20 @@ inline FVec abs_min(const FVec& x, const FVec& c) {
 #endif
 }
 
+// lo = u*u - hi exactly, for hi = u*u rounded: one FMA where the ISA has one; otherwise (the
+// DEFAULT build, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
+// Veltkamp's split of u into 12 + 12 bits, exact in plain fp32 arithmetic.
+inline FVec square_low(const FVec& u, const FVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmsub(u, u, hi);
+#else
+  const FVec c = u * FVec(4097.0f);
+  const FVec uh = c - (c - u);
+  const FVec ul = u - uh;
+  return ((uh * uh - hi) + FVec(2.0f) * uh * ul) + ul * ul;
+#endif
+}
+
 // Two accuracy levels of the erf form's pieces. kFull (fp32 and fp64 outputs, and every backward:
 // Phi + x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever
 // the output dtype): a few fp32 ulp everywhere. kReduced (fp16/bf16 forward only): Q of degree
@@ -84,7 +98,7 @@ inline FVec gauss(const FVec& u) {
   r = fnmadd(n, FVec(-2.12194440e-4f), r);
   FVec p;
   if constexpr (kAcc == Accuracy::kFull) {
-    r = at::vec::fmadd(at::vec::fmsub(u, u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
+    r = at::vec::fmadd(square_low(u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
     p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
     p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
     p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
@@ -98,7 +112,7 @@ inline FVec gauss(const FVec& u) {
 #else
   const FVec e = a.exp();
   if constexpr (kAcc == Accuracy::kFull) {
-    return at::vec::fmadd(e, at::vec::fmsub(u, u, hi) * FVec(-0.5f), e);
+    return at::vec::fmadd(e, square_low(u, hi) * FVec(-0.5f), e);
   } else {
     return e;
   }
