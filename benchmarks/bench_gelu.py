@@ -329,8 +329,10 @@ def main() -> None:
             )
             + f", {torch.get_num_threads()} torch thread(s)"
             + ". The CPU (2 cores) is shared with other jobs while this runs: expect noise of 10-30%; every "
-            "case times its providers interleaved, call by call, so load falls on all of them alike. "
-            "Read medians with p20/p80.\n" + CPU_ANALYSIS
+            "case times its providers interleaved, call by call, so load falls on all of them alike; calls "
+            "longer than ~1 ms can still lose a whole scheduler slice (~5 ms) to another job, which "
+            "inflates a slower provider's median more than a faster one's: read medians with p20/p80.\n"
+            + CPU_ANALYSIS
         )
     table = common.format_table(results, roofline)
     csv_path, md_path = common.write_results(OP, device, results, roofline, args.out, args.tag, notes)
