@@ -51,17 +51,7 @@ def measure_group(
     rounds = 0
     while rounds < 1000 and (rounds < 5 or time.perf_counter() - start < min_time * len(fns)):
         for name, fn in fns.items():
-            if device == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times[name].append(begin.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t0) * 1e3)
+            times[name] += common.time_ms(fn, device, warmup=0, max_reps=1, min_reps=1)
         rounds += 1
     results = []
     for name, ts in times.items():
