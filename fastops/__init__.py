@@ -2,6 +2,7 @@
 
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
+  gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   fastops.nn                      nn.Module wrappers of every op
   fastops.reference               plain-PyTorch definitions of every op
 """
@@ -14,6 +15,7 @@ from fastops import nn, ops, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 
 # gelu (issue 3)
+from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 
 # fused_adam (issue 4)
 
@@ -23,7 +25,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "bias_gelu",
     "clipped_log",
+    "gelu",
     "nn",
     "ops",
     "reference",

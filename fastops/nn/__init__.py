@@ -1,5 +1,6 @@
 """nn.Module wrappers of the fastops ops."""
 
 from fastops.nn.clipped_log import ClippedLog
+from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
 
-__all__ = ["ClippedLog"]
+__all__ = ["BiasGELU", "ClippedLog", "GELU", "LinearGELU"]

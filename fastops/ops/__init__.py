@@ -1,5 +1,6 @@
 """Public functions of every op, with their fake kernels, autograd and autocast rules."""
 
 from fastops.ops.clipped_log import clipped_log
+from fastops.ops.gelu import bias_gelu, gelu
 
-__all__ = ["clipped_log"]
+__all__ = ["bias_gelu", "clipped_log", "gelu"]

@@ -1,5 +1,6 @@
 """Plain-PyTorch definitions of every op: what tests, benchmarks and docs compare against."""
 
 from fastops.reference.clipped_log import clipped_log
+from fastops.reference.gelu import bias_gelu, gelu
 
-__all__ = ["clipped_log"]
+__all__ = ["bias_gelu", "clipped_log", "gelu"]
