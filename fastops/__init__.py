@@ -3,6 +3,7 @@
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
   fastops.nn                      nn.Module wrappers of every op
+  fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
   fastops.reference               plain-PyTorch definitions of every op
 """
 
@@ -16,6 +17,7 @@ from fastops.ops.clipped_log import clipped_log  # noqa: E402
 # gelu (issue 3)
 
 # fused_adam (issue 4)
+from fastops import optim  # noqa: E402
 
 # depthwise_conv2d (issue 5)
 
@@ -26,5 +28,6 @@ __all__ = [
     "clipped_log",
     "nn",
     "ops",
+    "optim",
     "reference",
 ]
