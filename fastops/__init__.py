@@ -11,13 +11,15 @@ from fastops import _extension
 
 _extension.load()
 
-from fastops import nn, ops, reference  # noqa: E402
-from fastops.ops.clipped_log import clipped_log  # noqa: E402
-
 # gelu (issue 3)
-
 # fused_adam (issue 4)
-from fastops import optim  # noqa: E402
+from fastops import (  # noqa: E402
+    nn,
+    ops,
+    optim,  # noqa: E402
+    reference,
+)
+from fastops.ops.clipped_log import clipped_log  # noqa: E402
 
 # depthwise_conv2d (issue 5)
 

@@ -35,7 +35,9 @@ def _check_hyper(
     """torch.optim.Adam's bounds (NaN fails them too); returns betas as floats."""
     lr_value = _scalar("lr", lr)
     if not 0.0 <= lr_value < math.inf:
-        raise ValueError(f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected a finite lr >= 0)")
+        raise ValueError(
+            f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected a finite lr >= 0)"
+        )
     if not 0.0 <= _scalar("eps", eps) < math.inf:
         raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps} (expected a finite eps >= 0)")
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -43,7 +45,9 @@ def _check_hyper(
     beta1, beta2 = _scalar("betas[0]", betas[0]), _scalar("betas[1]", betas[1])
     for i, beta in enumerate((beta1, beta2)):
         if not 0.0 <= beta < 1.0:
-            raise ValueError(f"fastops.optim.{cls}: invalid beta parameter at index {i}: {beta} (expected [0, 1))")
+            raise ValueError(
+                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {beta} (expected [0, 1))"
+            )
     if not 0.0 <= _scalar("weight_decay", weight_decay) < math.inf:
         raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {weight_decay} (expected >= 0)")
     return beta1, beta2
@@ -146,8 +150,15 @@ def _fused_adam_fake(
     found_inf: Tensor | None = None,
 ) -> None:
     n = len(params)
-    for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs), ("steps", steps)):
-        torch._check(len(lst) == n, lambda name=name: f"fastops.fused_adam_: expected one {name} tensor per param")
+    for name, lst in (
+        ("grads", grads),
+        ("exp_avgs", exp_avgs),
+        ("exp_avg_sqs", exp_avg_sqs),
+        ("steps", steps),
+    ):
+        torch._check(
+            len(lst) == n, lambda name=name: f"fastops.fused_adam_: expected one {name} tensor per param"
+        )
     torch._check(
         len(max_exp_avg_sqs) == (n if amsgrad else 0),
         lambda: "fastops.fused_adam_: max_exp_avg_sqs must hold one tensor per param with amsgrad, else none",
@@ -260,7 +271,9 @@ class FusedAdam(Optimizer):
             for p in group["params"]:
                 p_state = self.state.get(p)
                 if p_state and "step" in p_state:
-                    p_state["step"] = torch.as_tensor(p_state["step"]).to(dtype=torch.float32, device=p.device)
+                    # A copy: load_state_dict hands over the source's own step tensor otherwise.
+                    step = torch.as_tensor(p_state["step"]).detach()
+                    p_state["step"] = step.to(dtype=torch.float32, device=p.device, copy=True).reshape(())
 
     def _init_group(
         self,
