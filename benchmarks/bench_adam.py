@@ -1,0 +1,133 @@
+"""Adam/AdamW step: fastops.optim.FusedAdamW vs torch.optim.AdamW for-loop, foreach, fused, compile.
+
+Param lists (shapes only; no model is built): every parameter of GPT-2 small (124.4M params, 148
+tensors), of ResNet-50 (25.6M params, 161 tensors, most of them small BatchNorm vectors), and one
+huge tensor. Each provider gets fresh params with random grads and its own optimizer state; the
+timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x itemsize per param
+(read p, g, m, v; write p, m, v = 28 B for fp32).
+
+    python -m benchmarks.bench_adam [--device cpu|cuda] [--quick] [--no-compile]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+import fastops
+from benchmarks import common
+
+
+def gpt2_small_shapes(vocab: int = 50257, ctx: int = 1024, d: int = 768, layers: int = 12) -> list[tuple]:
+    shapes: list[tuple] = [(vocab, d), (ctx, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,)]
+        shapes += [(4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def resnet50_shapes() -> list[tuple]:
+    shapes: list[tuple] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(width, inplanes, 1, 1), (width,), (width,)]
+            shapes += [(width, width, 3, 3), (width,), (width,)]
+            shapes += [(4 * width, width, 1, 1), (4 * width,), (4 * width,)]
+            if b == 0:
+                shapes += [(4 * width, inplanes, 1, 1), (4 * width,), (4 * width,)]
+            inplanes = 4 * width
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def numel(shapes: list[tuple]) -> int:
+    total = 0
+    for s in shapes:
+        n = 1
+        for d in s:
+            n *= d
+        total += n
+    return total
+
+
+def make_params(shapes: list[tuple], device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    params = []
+    for s in shapes:
+        p = torch.empty(s, device=device, dtype=dtype).uniform_(-0.1, 0.1).requires_grad_(True)
+        p.grad = torch.empty_like(p).uniform_(-1e-3, 1e-3)
+        params.append(p)
+    return params
+
+
+PROVIDERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "fastops": lambda ps: fastops.optim.FusedAdamW(ps, lr=1e-3),
+    "torch_forloop": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
+    "torch_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
+    "torch_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+}
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    device = args.device
+    if device == "cpu" and not args.fresh_pages:
+        common.fair_cpu_allocation()
+    dtype = getattr(torch, args.dtype)
+    min_time = 0.3 if args.quick else args.min_time
+    roofline = common.copy_roofline_gbps(device, min_time=min_time)
+    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
+
+    huge = (1 << 24) if args.quick else (1 << 26)
+    cases = {
+        "gpt2-small": gpt2_small_shapes(layers=2 if args.quick else 12),
+        "resnet50": resnet50_shapes(),
+        "one-tensor": [(huge,)],
+    }
+    results: list[common.Result] = []
+    for case, shapes in cases.items():
+        n = numel(shapes)
+        size = f"{n / 1e6:.1f}M params / {len(shapes)} tensors"
+        nbytes = 7 * n * torch.empty((), dtype=dtype).element_size()
+        providers = dict(PROVIDERS)
+        if not args.no_compile:
+            providers["compile"] = PROVIDERS["torch_foreach"]
+        for name, factory in providers.items():
+            params = make_params(shapes, device, dtype)
+            opt = factory(params)
+            step: Callable[[], object] = opt.step
+            if name == "compile":
+                step = torch.compile(opt.step)
+            results.append(
+                common.measure(
+                    "adam", case, "step", dtype, size, name, step, device, nbytes, roofline, min_time
+                )
+            )
+            r = results[-1]
+            print(
+                f"{case:10s} {name:14s} {r.median_ms:10.3f} ms  p20 {r.p20_ms:9.3f}  p80 {r.p80_ms:9.3f}  "
+                f"{r.gbps:6.1f} GB/s",
+                flush=True,
+            )
+            del params, opt, step
+            if name == "compile":
+                torch._dynamo.reset()
+
+    notes = (
+        "AdamW(lr=1e-3, weight_decay=1e-2), one opt.step() timed; bytes = 7 x itemsize per param. "
+        "compile = torch.compile(torch.optim.AdamW(foreach=True).step). "
+    )
+    if device == "cpu":
+        notes += (
+            "CPU shared with other jobs during the run (2 cores, several builds and benchmarks at once): "
+            "numbers are noisy; medians of repeated steps with p20/p80 shown. "
+        )
+    csv_path, md_path = common.write_results("adam", device, results, roofline, args.out, args.tag, notes)
+    print(common.format_table(results, roofline))
+    print(f"wrote {csv_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()
