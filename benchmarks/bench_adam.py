@@ -11,6 +11,7 @@ timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -68,6 +69,29 @@ PROVIDERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
 }
 
 
+def interleaved_times(
+    steps: dict[str, Callable[[], object]],
+    device: str,
+    min_time: float,
+    min_reps: int = 7,
+    max_reps: int = 200,
+) -> dict[str, list[float]]:
+    """Per-step times of every provider, taken in rounds (one step of each provider per round), so
+    load from other jobs on a shared machine falls on all providers alike instead of on whichever
+    happened to run at a busy moment."""
+    for step in steps.values():  # warm-up: creates the state (and compiles)
+        for _ in range(2):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_reps and (rounds < min_reps or time.perf_counter() - start < min_time * len(steps)):
+        for name, step in steps.items():
+            times[name] += common.time_ms(step, device, min_time=0.0, warmup=0, max_reps=1, min_reps=1)
+        rounds += 1
+    return times
+
+
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -91,38 +115,49 @@ def main() -> None:
         n = numel(shapes)
         size = f"{n / 1e6:.1f}M params / {len(shapes)} tensors"
         nbytes = 7 * n * torch.empty((), dtype=dtype).element_size()
-        providers = dict(PROVIDERS)
+        # One set of params and grads shared by every provider (each has its own optimizer state):
+        # the work per step does not depend on the values, and memory stays at 1 + providers copies.
+        params = make_params(shapes, device, dtype)
+        steps: dict[str, Callable[[], object]] = {name: f(params).step for name, f in PROVIDERS.items()}
         if not args.no_compile:
-            providers["compile"] = PROVIDERS["torch_foreach"]
-        for name, factory in providers.items():
-            params = make_params(shapes, device, dtype)
-            opt = factory(params)
-            step: Callable[[], object] = opt.step
-            if name == "compile":
-                step = torch.compile(opt.step)
+            steps["compile"] = torch.compile(PROVIDERS["torch_foreach"](params).step)
+        times = interleaved_times(steps, device, min_time)
+        for name, t in times.items():
+            median, p20, p80 = common.quantiles(t)
+            gbps = nbytes / (median * 1e-3) / 1e9
             results.append(
-                common.measure(
-                    "adam", case, "step", dtype, size, name, step, device, nbytes, roofline, min_time
+                common.Result(
+                    "adam",
+                    case,
+                    "step",
+                    str(dtype).removeprefix("torch."),
+                    size,
+                    name,
+                    median,
+                    p20,
+                    p80,
+                    nbytes,
+                    gbps,
+                    100 * gbps / roofline,
+                    {"reps": len(t)},
                 )
             )
-            r = results[-1]
             print(
-                f"{case:10s} {name:14s} {r.median_ms:10.3f} ms  p20 {r.p20_ms:9.3f}  p80 {r.p80_ms:9.3f}  "
-                f"{r.gbps:6.1f} GB/s",
+                f"{case:10s} {name:14s} {median:10.3f} ms  p20 {p20:9.3f}  p80 {p80:9.3f}  {gbps:6.1f} GB/s",
                 flush=True,
             )
-            del params, opt, step
-            if name == "compile":
-                torch._dynamo.reset()
+        del params, steps
+        torch._dynamo.reset()
 
     notes = (
         "AdamW(lr=1e-3, weight_decay=1e-2), one opt.step() timed; bytes = 7 x itemsize per param. "
-        "compile = torch.compile(torch.optim.AdamW(foreach=True).step). "
+        "compile = torch.compile(torch.optim.AdamW(foreach=True).step). Providers are timed in rounds "
+        "(one step of each per round) on one shared set of params and grads. "
     )
     if device == "cpu":
         notes += (
-            "CPU shared with other jobs during the run (2 cores, several builds and benchmarks at once): "
-            "numbers are noisy; medians of repeated steps with p20/p80 shown. "
+            "The CPU (2 cores) was shared with other jobs during the run, so absolute numbers are noisy "
+            "(the copy roofline too); the interleaving keeps the ratios between providers fair. "
         )
     csv_path, md_path = common.write_results("adam", device, results, roofline, args.out, args.tag, notes)
     print(common.format_table(results, roofline))
