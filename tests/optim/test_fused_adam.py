@@ -577,6 +577,20 @@ def test_cuda_graph_capture_of_a_training_step() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+@cuda_only
+def test_one_group_on_two_devices() -> None:
+    """A group holding CPU and CUDA params: one kernel call per device, lr/grad_scale/found_inf moved."""
+    base = _params("cpu")
+    base = [t if i % 2 else t.cuda() for i, t in enumerate(base)]
+    ours, theirs = _leaves(base), _leaves(base)
+    opt = FusedAdamW(ours, lr=torch.tensor(1e-2), amsgrad=True)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, amsgrad=True, foreach=False)
+    _run(opt, ours, 3)
+    _run(ref, theirs, 3)
+    _assert_state_equal(opt, ref)
+    assert all(opt.state[p]["step"].device == p.device for p in ours)
+
+
 # --- DDP --------------------------------------------------------------------------------------------
 
 
