@@ -11,15 +11,12 @@ from fastops import _extension
 
 _extension.load()
 
-# gelu (issue 3)
-# fused_adam (issue 4)
-from fastops import (  # noqa: E402
-    nn,
-    ops,
-    optim,  # noqa: E402
-    reference,
-)
+from fastops import nn, ops, optim, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
+
+# gelu (issue 3)
+
+# fused_adam (issue 4)
 
 # depthwise_conv2d (issue 5)
 
