@@ -4,6 +4,7 @@ Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   fastops.nn                      nn.Module wrappers of every op
+  fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
   fastops.reference               plain-PyTorch definitions of every op
 """
 
@@ -11,7 +12,7 @@ from fastops import _extension
 
 _extension.load()
 
-from fastops import nn, ops, reference  # noqa: E402
+from fastops import nn, ops, optim, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 
 # gelu (issue 3)
@@ -30,5 +31,6 @@ __all__ = [
     "gelu",
     "nn",
     "ops",
+    "optim",
     "reference",
 ]
