@@ -11,7 +11,13 @@ import torch
 def _op_devices() -> dict[str, list[str]]:
     """Each fastops op (forward ops and their backward twins) with the devices that have a kernel."""
     ops: dict[str, list[str]] = {}
-    for name in sorted(dir(torch.ops.fastops)):
+    # The dispatcher's registry, not dir(torch.ops.fastops): that lists only ops already looked up.
+    registered = {
+        qualified.split("::", 1)[1].split(".", 1)[0]
+        for qualified in torch._C._dispatch_get_all_op_names()
+        if qualified.startswith("fastops::")
+    }
+    for name in sorted(registered):
         if name.startswith("_"):
             continue
         try:

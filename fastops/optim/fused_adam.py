@@ -18,8 +18,7 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 __all__ = ["FusedAdam", "FusedAdamW", "fused_adam"]
 
-# Bound once: saves the attribute lookups every step, and lists the op in torch.ops.fastops (which
-# fills in lazily; fastops.info enumerates it).
+# Bound once: saves the attribute lookups every step.
 _fused_adam_op = torch.ops.fastops.fused_adam_.default
 
 
