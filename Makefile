@@ -35,6 +35,8 @@ test: install
 
 bench: install
 	$(PY) -m benchmarks.bench_clipped_log
+	$(PY) -m benchmarks.bench_gelu
+	$(PY) -m benchmarks.bench_adam
 
 lint: env
 	$(PY) -m ruff check fastops tests benchmarks setup.py
