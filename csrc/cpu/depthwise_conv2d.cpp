@@ -168,11 +168,13 @@ void fill_phases(A* buf, const PhaseLayout& p, const T* src, int64_t h, int64_t 
       const int64_t n = std::min(w, p.pitch - left) - j0;
       if (n > 0) convert_row<T, A>(dst_rows + j0 + left, s + j0, n);
     } else {
-      for (int64_t j = j0; j < w; ++j) {
-        const int64_t c = j + left;
-        const int64_t col = c / p.sw;
-        if (col >= p.pitch) break;
-        dst_rows[(c % p.sw) * p.plane + col] = static_cast<A>(s[j]);
+      // Phase by phase: source column j = col * sw + ph - left, a strided read, no division.
+      for (int64_t ph = 0; ph < p.sw; ++ph) {
+        A* d = dst_rows + ph * p.plane;
+        const int64_t col0 = std::max<int64_t>(0, div_up(left - ph, p.sw));
+        const int64_t col1 = std::min(p.pitch, div_up(w + left - ph, p.sw));
+        const T* sp = s + col0 * p.sw + ph - left;
+        for (int64_t col = col0; col < col1; ++col, sp += p.sw) d[col] = static_cast<A>(*sp);
       }
     }
   }
@@ -270,10 +272,9 @@ void backward_input_nchw(const at::Tensor& go, const at::Tensor& wacc, at::Tenso
               const int64_t iw0 = std::max<int64_t>(0, -g.pl + phc);
               store_row<T, A>(d + iw0, o + iw0 + g.pl, g.W - iw0);
             } else {
-              for (int64_t col = 0; col < cols_dx; ++col) {
-                const int64_t iw = col * g.sw + phc - g.pl;
-                if (iw >= 0 && iw < g.W) d[iw] = static_cast<T>(o[col]);
-              }
+              const int64_t col0 = std::max<int64_t>(0, div_up(g.pl - phc, g.sw));
+              const int64_t col1 = std::min(cols_dx, div_up(g.W + g.pl - phc, g.sw));
+              for (int64_t col = col0; col < col1; ++col) d[col * g.sw + phc - g.pl] = static_cast<T>(o[col]);
             }
           }
         }
@@ -345,8 +346,8 @@ void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 
 // out[c] = init[c] + sum_t w[tap[t]][c] * base[off[t] + c] for c in [0, C); w is [taps][Cp] in A.
 template <typename T>
-inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt,
-                       const acc_t<T>* w, int64_t Cp, const acc_t<T>* init, int64_t C) {
+inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const acc_t<T>* w,
+                       int64_t Cp, const acc_t<T>* init, int64_t C) {
   using A = acc_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int64_t L = V::size();
@@ -376,7 +377,8 @@ inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t*
     const int64_t cnt = std::min(L, C - c);
     V a = init ? V::loadu(init + c) : V(A(0));  // init and w are padded to Cp
     if (cnt == L) {
-      for (int64_t t = 0; t < nt; ++t) a = at::vec::fmadd(load_acc<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
+      for (int64_t t = 0; t < nt; ++t)
+        a = at::vec::fmadd(load_acc<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
     } else {
       for (int64_t t = 0; t < nt; ++t) {
         a = at::vec::fmadd(load_acc<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
@@ -458,7 +460,7 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
 int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
   const int64_t total_rows = g.N * g.OH;
   const int64_t per_row = std::max<int64_t>(1, g.OW * g.C);
-  int64_t rows = div_up(int64_t{1} << 16, per_row);       // ~64K elements of g per item: L2-resident
+  int64_t rows = div_up(int64_t{1} << 16, per_row);                     // ~64K elements of g per item: L2-resident
   rows = std::min(rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
   return std::max<int64_t>(1, rows);
 }
@@ -522,8 +524,7 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 
 void check_inputs(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   check_floating(kOp, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ",
-              str(x.sizes()));
+  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ", str(x.sizes()));
   check_same_device(kOp, "weight", weight, "x", x);
   check_same_dtype(kOp, "weight", weight, "x", x);
   check_depthwise_weight(kOp, weight, x.size(1));
@@ -617,8 +618,7 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
 
 std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                     at::IntArrayRef kernel_size, at::IntArrayRef stride,
-                                                                    at::IntArrayRef padding,
-                                                                    at::IntArrayRef dilation) {
+                                                                    at::IntArrayRef padding, at::IntArrayRef dilation) {
   const char* op = "depthwise_conv2d_backward_weight";
   check_floating(op, "x", x_in);
   check_same_device(op, "grad_out", grad_in, "x", x_in);
@@ -702,7 +702,8 @@ at::Tensor depthwise_conv2d_autocast(const at::Tensor& x, const at::Tensor& weig
                        .findSchemaOrThrow("fastops::depthwise_conv2d", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                                          at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
-  return op.call(at::autocast::cached_cast(dtype, x, device_type), at::autocast::cached_cast(dtype, weight, device_type),
+  return op.call(at::autocast::cached_cast(dtype, x, device_type),
+                 at::autocast::cached_cast(dtype, weight, device_type),
                  at::autocast::cached_cast(dtype, bias, device_type), stride, padding, dilation);
 }
 

@@ -20,8 +20,10 @@ def _pair(arg: str, value: object, minimum: int) -> tuple[int, int]:
         raise TypeError(f"fastops.{_OP}: expected {arg} to be an int or a pair of ints, got bool")
     if isinstance(value, numbers.Integral):
         pair = (int(value), int(value))
-    elif isinstance(value, Sequence) and len(value) == 2 and all(
-        isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
+    elif (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)
     ):
         pair = (int(value[0]), int(value[1]))
     else:
@@ -45,7 +47,9 @@ def resolve_padding(
             total_h = dilation[0] * (kernel_size[0] - 1)
             total_w = dilation[1] * (kernel_size[1] - 1)
             return (total_h // 2, total_h - total_h // 2, total_w // 2, total_w - total_w // 2)
-        raise ValueError(f"fastops.{_OP}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}")
+        raise ValueError(
+            f"fastops.{_OP}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}"
+        )
     ph, pw = _pair("padding", padding, 0)
     return (ph, ph, pw, pw)
 
@@ -114,14 +118,18 @@ def _uses_channels_last(x: Tensor) -> bool:
     return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
-def _out_hw(h: int, w: int, k: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]):  # noqa: ANN202
+def _out_hw(
+    h: int, w: int, k: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
+):  # noqa: ANN202
     span_h = dilation[0] * (k[0] - 1) + 1
     span_w = dilation[1] * (k[1] - 1) + 1
     hp, wp = h + padding[0] + padding[1], w + padding[2] + padding[3]
     torch._check(
         hp >= span_h and wp >= span_w,
-        lambda: f"fastops.{_OP}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
-        f"({span_h} x {span_w})",
+        lambda: (
+            f"fastops.{_OP}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
+            f"({span_h} x {span_w})"
+        ),
     )
     return (hp - span_h) // stride[0] + 1, (wp - span_w) // stride[1] + 1
 
@@ -140,7 +148,9 @@ def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
 
 
 @torch.library.register_fake("fastops::depthwise_conv2d_backward_input")
-def _fake_dgrad(grad_out: Tensor, weight: Tensor, input_size, stride, padding, dilation, channels_last: bool) -> Tensor:  # noqa: ANN001
+def _fake_dgrad(
+    grad_out: Tensor, weight: Tensor, input_size, stride, padding, dilation, channels_last: bool
+) -> Tensor:  # noqa: ANN001
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return grad_out.new_empty(tuple(input_size)).contiguous(memory_format=fmt)
 

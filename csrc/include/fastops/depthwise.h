@@ -77,8 +77,8 @@ inline bool use_channels_last(const at::Tensor& x) {
 inline void check_depthwise_weight(const char* op, const at::Tensor& weight, int64_t channels) {
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == 1, "fastops.", op,
               ": expected weight of shape (C, 1, kh, kw) (channel multiplier 1), got ", str(weight.sizes()));
-  TORCH_CHECK(weight.size(0) == channels, "fastops.", op, ": expected weight.size(0) == channels of x (",
-              str(channels), "), got weight of shape ", str(weight.sizes()));
+  TORCH_CHECK(weight.size(0) == channels, "fastops.", op, ": expected weight.size(0) == channels of x (", str(channels),
+              "), got weight of shape ", str(weight.sizes()));
 }
 
 }  // namespace fastops
