@@ -13,13 +13,13 @@ _extension.load()
 
 from fastops import nn, ops, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
+from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 
 # gelu (issue 3)
 
 # fused_adam (issue 4)
 
 # depthwise_conv2d (issue 5)
-from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -95,7 +95,7 @@ def _run(fn, x, w, b, stride, padding, dilation, grad_seed: int = 1):  # noqa: A
         if y.numel()
         else [torch.zeros_like(t) for t in inputs]
     )
-    grads = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads)]
+    grads = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads, strict=True)]
     return y.detach(), grads, g
 
 
@@ -118,7 +118,9 @@ def _check(case: tuple, dtype: torch.dtype, device: str, layout: str) -> None:
     want_cl = layout == "channels_last" and not x.is_contiguous()
     assert y.is_contiguous(memory_format=torch.channels_last if want_cl else torch.contiguous_format)
     names = ("output", "grad_x", "grad_weight", "grad_bias")
-    for name, ours, ref, eager in zip(names, [y, *grads], [y64, *grads64], [eager_y, *eager_grads]):
+    for name, ours, ref, eager in zip(
+        names, [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True
+    ):
         factor = 2.0 if name == "output" else 3.0
         # fp32: the reductions sum up to a few hundred products; allow for their rounding.
         tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
@@ -238,7 +240,7 @@ def test_torch_compile_fullgraph(device: str) -> None:
         ref = f(x, w, b)
         ref.backward()
         torch.testing.assert_close(out, ref)
-        for got, t in zip(grads, (x, w, b)):
+        for got, t in zip(grads, (x, w, b), strict=True):
             torch.testing.assert_close(got, t.grad)
 
 
