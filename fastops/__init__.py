@@ -2,6 +2,7 @@
 
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
+  depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
   fastops.nn                      nn.Module wrappers of every op
   fastops.reference               plain-PyTorch definitions of every op
 """
@@ -12,6 +13,7 @@ _extension.load()
 
 from fastops import nn, ops, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
+from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 
 # gelu (issue 3)
 
@@ -24,6 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "clipped_log",
+    "depthwise_conv2d",
     "nn",
     "ops",
     "reference",

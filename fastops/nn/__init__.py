@@ -1,5 +1,6 @@
 """nn.Module wrappers of the fastops ops."""
 
 from fastops.nn.clipped_log import ClippedLog
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d, DepthwiseSeparableConv2d
 
-__all__ = ["ClippedLog"]
+__all__ = ["ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d"]
