@@ -3,6 +3,8 @@
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
   depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
+  swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
+  fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
   fastops.reference               plain-PyTorch definitions of every op
 """
@@ -21,6 +23,9 @@ from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 
 # depthwise_conv2d (issue 5)
 
+# swap + training (issue 6)
+from fastops.swap import swap_modules  # noqa: E402
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -30,4 +35,5 @@ __all__ = [
     "nn",
     "ops",
     "reference",
+    "swap_modules",
 ]

@@ -100,8 +100,6 @@ def _depthwise_skip_reason(conv: nn.Conv2d) -> str | None:
         return "not depthwise"  # a dense or grouped conv: not a candidate at all
     if conv.padding_mode != "zeros":
         return f"padding_mode={conv.padding_mode!r} (only 'zeros' is supported)"
-    if isinstance(conv.padding, str):
-        return f"padding={conv.padding!r} (give the padding as numbers)"
     return None
 
 
@@ -121,7 +119,12 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
     Swap before wrapping the model in DDP / torch.compile and before building the optimizer is the
     simplest order, but because Parameters are reused an existing optimizer keeps working too.
     """
-    from fastops.nn import GELU, DepthwiseConv2d, LinearGELU  # the op modules, from their issues
+    import fastops.nn as fnn
+
+    # Each kind is swapped when this build of fastops has its module (all do in a release).
+    gelu_cls = getattr(fnn, "GELU", None)
+    dw_cls = getattr(fnn, "DepthwiseConv2d", None)
+    linear_gelu_cls = getattr(fnn, "LinearGELU", None)
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastops.swap_modules: expected an nn.Module, got {type(model).__name__}")
@@ -141,12 +144,13 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
         if isinstance(parent, nn.Sequential):
             for (attr, m), (next_attr, nxt) in zip(children, children[1:]):
                 if (
-                    type(m) is nn.Linear
+                    linear_gelu_cls is not None
+                    and type(m) is nn.Linear
                     and type(nxt) is nn.GELU
                     and attr not in fused
                     and keep(m, _qualify(prefix, attr))
                 ):
-                    replace(parent, attr, _qualify(prefix, attr), m, LinearGELU.from_torch(m, nxt))
+                    replace(parent, attr, _qualify(prefix, attr), m, linear_gelu_cls.from_torch(m, nxt))
                     replace(parent, next_attr, _qualify(prefix, next_attr), nxt, nn.Identity())
                     fused.update((attr, next_attr))
         for attr, m in children:
@@ -154,14 +158,14 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
             if attr in fused:
                 continue
             # Exact types only: a subclass may override forward(), which a swap would silently drop.
-            if type(m) is nn.GELU:
+            if type(m) is nn.GELU and gelu_cls is not None:
                 if keep(m, name):
-                    replace(parent, attr, name, m, GELU.from_torch(m))
-            elif type(m) is nn.Conv2d:
+                    replace(parent, attr, name, m, gelu_cls.from_torch(m))
+            elif type(m) is nn.Conv2d and dw_cls is not None:
                 reason = _depthwise_skip_reason(m)
                 if reason is None:
                     if keep(m, name):
-                        replace(parent, attr, name, m, DepthwiseConv2d.from_torch(m))
+                        replace(parent, attr, name, m, dw_cls.from_torch(m))
                 elif reason != "not depthwise":
                     report.skipped.append(Skipped(name, _type_name(m), reason))
             else:
