@@ -134,15 +134,13 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
     def replace(parent: nn.Module, attr: str, name: str, old: nn.Module, new: nn.Module) -> None:
         new.train(old.training)
         setattr(parent, attr, new)
-        report.replaced.append(
-            Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new)
-        )
+        report.replaced.append(Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new))
 
     def visit(parent: nn.Module, prefix: str) -> None:
         children = list(parent.named_children())
         fused: set[str] = set()  # attrs of Linear->GELU pairs of a Sequential, already replaced
         if isinstance(parent, nn.Sequential):
-            for (attr, m), (next_attr, nxt) in zip(children, children[1:]):
+            for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
                 if (
                     linear_gelu_cls is not None
                     and type(m) is nn.Linear

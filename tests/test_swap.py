@@ -56,7 +56,9 @@ def test_swap_parity_keys_and_undo() -> None:
     assert isinstance(model.dw, fastops.nn.DepthwiseConv2d)
     assert isinstance(model.act, fastops.nn.GELU) and model.act.approximate == "tanh"
     assert isinstance(model.mlp[0], fastops.nn.LinearGELU) and isinstance(model.mlp[1], nn.Identity)
-    assert type(model.dense) is nn.Conv2d and type(model.grouped) is nn.Conv2d and type(model.lone) is nn.Linear
+    assert (
+        type(model.dense) is nn.Conv2d and type(model.grouped) is nn.Conv2d and type(model.lone) is nn.Linear
+    )
     # Same keys, and the very same Parameter objects (so optimizers and checkpoints keep working).
     assert list(model.state_dict()) == keys_before
     for name, p in model.named_parameters():
@@ -67,7 +69,7 @@ def test_swap_parity_keys_and_undo() -> None:
     (gx,) = torch.autograd.grad(out.square().sum(), x)
     torch.testing.assert_close(gx, ref_gx)
     grads = torch.autograd.grad(model(x).square().sum(), list(model.parameters()))
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r)
     assert "dw: nn.Conv2d -> fastops.nn.DepthwiseConv2d" in str(report)
 

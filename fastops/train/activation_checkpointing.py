@@ -31,7 +31,7 @@ class _KeepBatchNormStats(AbstractContextManager):
 
     def __exit__(self, *exc: object) -> None:
         for m, copies in self.saved:
-            for live, copy in zip(_stats(m), copies):  # type: ignore[arg-type]
+            for live, copy in zip(_stats(m), copies, strict=True):  # type: ignore[arg-type]
                 if live is not None:
                     live.copy_(copy)
         self.saved = []

@@ -46,29 +46,45 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_argument_group("what to run")
     which = mode.add_mutually_exclusive_group()
     which.add_argument(
-        "--baseline", action="store_true", help="stock PyTorch modules and torch.optim.AdamW instead of fastops"
+        "--baseline",
+        action="store_true",
+        help="stock PyTorch modules and torch.optim.AdamW instead of fastops",
     )
     which.add_argument(
         "--compare",
         action="store_true",
         help="run fastops and the baseline, print a table and write compare.png into --out-dir",
     )
-    mode.add_argument("--synthetic", action="store_true", help="random images (throughput runs) instead of digits")
     mode.add_argument(
-        "--image-size", type=_positive_int, default=None, help="image side (default: 16 digits, 224 synthetic)"
+        "--synthetic", action="store_true", help="random images (throughput runs) instead of digits"
     )
-    mode.add_argument("--num-classes", type=_positive_int, default=DEFAULTS.num_classes, help="synthetic only")
     mode.add_argument(
-        "--synthetic-samples", type=_positive_int, default=DEFAULTS.synthetic_samples, help="per epoch and rank"
+        "--image-size",
+        type=_positive_int,
+        default=None,
+        help="image side (default: 16 digits, 224 synthetic)",
     )
-    mode.add_argument("--width", type=_positive_int, default=DEFAULTS.width, help="channels of the first stage")
+    mode.add_argument(
+        "--num-classes", type=_positive_int, default=DEFAULTS.num_classes, help="synthetic only"
+    )
+    mode.add_argument(
+        "--synthetic-samples",
+        type=_positive_int,
+        default=DEFAULTS.synthetic_samples,
+        help="per epoch and rank",
+    )
+    mode.add_argument(
+        "--width", type=_positive_int, default=DEFAULTS.width, help="channels of the first stage"
+    )
     mode.add_argument("--dropout", type=_non_negative_float, default=DEFAULTS.dropout)
     mode.add_argument("--no-augment", action="store_true", help="no random translations of the digits")
 
     opt = p.add_argument_group("optimization")
     opt.add_argument("--epochs", type=_positive_int, default=None, help="default: 30 digits, 3 synthetic")
     opt.add_argument("--batch-size", type=_positive_int, default=DEFAULTS.batch_size, help="per process")
-    opt.add_argument("--accum-steps", type=_positive_int, default=DEFAULTS.accum_steps, help="micro-batches per step")
+    opt.add_argument(
+        "--accum-steps", type=_positive_int, default=DEFAULTS.accum_steps, help="micro-batches per step"
+    )
     opt.add_argument("--lr", type=float, default=DEFAULTS.lr, help="OneCycleLR peak learning rate")
     opt.add_argument("--weight-decay", type=_non_negative_float, default=DEFAULTS.weight_decay)
     opt.add_argument("--grad-clip", type=_non_negative_float, default=DEFAULTS.grad_clip, help="0 disables")
@@ -87,14 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--nonfinite", choices=NONFINITE_CHOICES, default=DEFAULTS.nonfinite, help="on a NaN/inf loss"
     )
-    run.add_argument("--log-every", type=_positive_int, default=DEFAULTS.log_every, help="steps between syncs")
+    run.add_argument(
+        "--log-every", type=_positive_int, default=DEFAULTS.log_every, help="steps between syncs"
+    )
     run.add_argument("--profile", action="store_true", help="torch.profiler trace of a few steps")
     run.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
     out = p.add_argument_group("output")
     out.add_argument("--out-dir", type=Path, default=DEFAULTS.out_dir, help="run directory")
     out.add_argument("--resume", type=Path, default=None, help="continue from this checkpoint (last.pt)")
-    out.add_argument("--stop-after-epoch", type=_positive_int, default=None, help="stop this invocation there")
+    out.add_argument(
+        "--stop-after-epoch", type=_positive_int, default=None, help="stop this invocation there"
+    )
     return p
 
 

@@ -100,8 +100,7 @@ class TrainConfig:
         if self.amp == "fp16":
             need(
                 device.type == "cuda",
-                "--amp fp16 needs a CUDA device (fp16 autocast with a GradScaler); "
-                "on the CPU use --amp bf16",
+                "--amp fp16 needs a CUDA device (fp16 autocast with a GradScaler); on the CPU use --amp bf16",
             )
         if self.nonfinite == "skip":
             need(
@@ -110,9 +109,7 @@ class TrainConfig:
                 "gradients without a host sync); otherwise use --nonfinite stop",
             )
         if self.resume is not None:
-            need(
-                Path(self.resume).is_file(), f"--resume: no checkpoint file at {str(self.resume)!r}"
-            )
+            need(Path(self.resume).is_file(), f"--resume: no checkpoint file at {str(self.resume)!r}")
         if self.compile:
             need(hasattr(torch, "compile"), "--compile needs torch.compile")
         return self

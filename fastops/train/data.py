@@ -49,7 +49,9 @@ def digits_tensors(image_size: int) -> dict[str, tuple[Tensor, Tensor]]:
         x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
     mean, std = x[train].mean(), x[train].std()
     x = (x - mean) / std
-    return {name: (x[ix].contiguous(), y[ix]) for name, ix in (("train", train), ("val", val), ("test", test))}
+    return {
+        name: (x[ix].contiguous(), y[ix]) for name, ix in (("train", train), ("val", val), ("test", test))
+    }
 
 
 def random_translate(x: Tensor, max_shift: float) -> Tensor:
@@ -77,7 +79,14 @@ class SyntheticLoader:
     """
 
     def __init__(
-        self, *, batch_size: int, image_size: int, num_classes: int, samples: int, device: torch.device, seed: int
+        self,
+        *,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        samples: int,
+        device: torch.device,
+        seed: int,
     ) -> None:
         g = torch.Generator(device="cpu").manual_seed(seed)
         self.pool = 4 if samples >= 4 * batch_size else 1

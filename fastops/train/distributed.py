@@ -112,9 +112,7 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
-                momentum = (
-                    1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
-                )
+                momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 unbiased = var * (n / (n - 1).clamp(min=1))
                 self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
                 self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)

@@ -46,7 +46,7 @@ def plot_compare(results: dict[str, dict[str, Any]], path: Path) -> None:
     ]
     names = list(results)
     fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
-    for ax, (key, label, scale) in zip(axes, metrics):
+    for ax, (key, label, scale) in zip(axes, metrics, strict=True):
         values = [(results[n].get(key) or 0.0) * scale for n in names]
         bars = ax.bar(names, values, color=["tab:orange", "tab:gray"][: len(names)])
         ax.bar_label(bars, fmt="%.1f" if key != "test_accuracy" else "%.2f")

@@ -201,7 +201,9 @@ class Trainer:
         # is the same on every rank and in a resumed run.
         sampler.set_epoch(self.epoch)  # type: ignore[union-attr]
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, samples
-        bar = _progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and cfg.progress)
+        bar = _progress(
+            self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and cfg.progress
+        )
         profiler = self._profiler() if cfg.profile and self.epoch == 0 else contextlib.nullcontext()
         start = time.perf_counter()
         with profiler as prof:
@@ -226,7 +228,9 @@ class Trainer:
                 if (i + 1) % cfg.log_every == 0 or i + 1 == self.steps_per_epoch:
                     self._check_nonfinite()
                     if bar is not None:
-                        bar.set_postfix(loss=f"{result.loss.item():.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                        bar.set_postfix(
+                            loss=f"{result.loss.item():.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}"
+                        )
                 if bar is not None:
                     bar.update()
         if self.device.type == "cuda":
@@ -337,7 +341,11 @@ class Trainer:
     def _summary(self, stopped: str, started_at: int, wall_s: float) -> dict[str, Any]:
         cfg = self.cfg
         test = None
-        if stopped in ("completed", "early_stopping") and self.data.test is not None and self.best_state is not None:
+        if (
+            stopped in ("completed", "early_stopping")
+            and self.data.test is not None
+            and self.best_state is not None
+        ):
             self.module.load_state_dict(self.best_state)  # the held-out number is the best epoch's
             test = self.evaluate(self.data.test)["accuracy"]
         # Throughput without the first epoch of this invocation (warm-up, torch.compile) when possible.

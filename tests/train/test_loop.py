@@ -68,7 +68,7 @@ def test_no_sync_accumulation_equals_one_large_batch(tmp_path) -> None:  # noqa:
     ref_loss = nn.functional.cross_entropy(copy.deepcopy(ref).eval()(x), y)  # only to check the type
     assert result.loss.shape == ref_loss.shape
     assert int(result.correct) <= 48
-    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+    for p, q in zip(ddp.module.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
@@ -88,14 +88,14 @@ def test_fp16_gradscaler_skips_inf_step_and_backs_off() -> None:
     result = train_step(model, [(bad, y)], optimizer=opt, scaler=scaler, autocast=autocast, grad_clip=1.0)
     assert not torch.isfinite(result.loss)
     assert scaler.get_scale() == 2.0**9  # backed off by the default factor 0.5
-    for p, b in zip(model.parameters(), before):
+    for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)  # the step was skipped
     assert all(len(s) == 0 for s in opt.state.values())  # and AdamW never ran
 
     result = train_step(model, [(x, y)], optimizer=opt, scaler=scaler, autocast=autocast, grad_clip=1.0)
     assert torch.isfinite(result.loss)
     assert scaler.get_scale() == 2.0**9
-    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 autocast + GradScaler on CUDA")
@@ -109,7 +109,7 @@ def test_fp16_gradscaler_cuda() -> None:
     before = [p.detach().clone() for p in model.parameters()]
     train_step(model, [(x, y)], optimizer=opt, scaler=scaler, autocast=lambda: amp.autocast("fp16", device))
     assert scaler.get_scale() == 2.0**9
-    for p, b in zip(model.parameters(), before):
+    for p, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(p, b)
 
 
@@ -148,7 +148,7 @@ def test_activation_checkpointing_equal_grads_and_bn_stats(use_fastops: bool) ->
     for n, g in grads["plain"].items():
         torch.testing.assert_close(grads["ckpt"][n], g, msg=n)
     # BatchNorm folded the batch into its running stats exactly once.
-    for (n, b), c in zip(plain.named_buffers(), ckpt.buffers()):
+    for (n, b), c in zip(plain.named_buffers(), ckpt.buffers(), strict=True):
         torch.testing.assert_close(c, b, msg=n, rtol=0, atol=0)
 
 
