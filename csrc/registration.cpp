@@ -46,7 +46,11 @@ TORCH_LIBRARY(fastops, m) {
   m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
   m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");
 
-  // gelu (issue 3)
+  // gelu (issue 3): gelu(x) and gelu(x + bias), approximate "none" (erf) or "tanh"; fastops/ops/gelu.py
+  m.def("gelu(Tensor x, str approximate) -> Tensor");
+  m.def("gelu_backward(Tensor grad_out, Tensor x, str approximate) -> Tensor");
+  m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
+  m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)");
 
   // fused_adam (issue 4)
 

@@ -2,5 +2,6 @@
 
 from fastops.nn.clipped_log import ClippedLog
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d, DepthwiseSeparableConv2d
+from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
 
-__all__ = ["ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d"]
+__all__ = ["BiasGELU", "ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "GELU", "LinearGELU"]

@@ -2,5 +2,6 @@
 
 from fastops.ops.clipped_log import clipped_log
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
+from fastops.ops.gelu import bias_gelu, gelu
 
-__all__ = ["clipped_log", "depthwise_conv2d"]
+__all__ = ["bias_gelu", "clipped_log", "depthwise_conv2d", "gelu"]

@@ -1,0 +1,409 @@
+// gelu and bias_gelu on the CPU.
+//   erf form ("none"):  gelu(x) = x * Phi(x),   Phi = normal CDF,  gelu'(x) = Phi(x) + x * phi(x)
+//     evaluated through the upper tail T(|x|) = 0.5 erfc(|x|/sqrt2) = exp(-x^2/2) * Q(|x|)
+//     (fastops/gelu_math.h): Phi = x >= 0 ? 1 - T : T, so the negative tail keeps its relative
+//     accuracy, and exp(-x^2/2) is shared by Phi and phi = exp(-x^2/2) / sqrt(2 pi).
+//   tanh form: gelu(x) = x * s,  s = 0.5 (1 + tanh(y)) = sigmoid(2y),  y = k (x + c x^3),
+//     s from e = exp(-2|y|) in (0, 1]: s = y >= 0 ? 1/(1+e) : e/(1+e) (no overflow, no cancellation);
+//     gelu'(x) = s + x * s (1-s) * 2y',  s (1-s) = e / (1+e)^2.
+//   bias_gelu(x, b) = gelu(x + b[last dim]); its backward gives grad_x and grad_bias = sum over
+//     every leading dim of grad_x.
+// Layouts: gelu walks any dense tensor flat (densify); bias_gelu walks x contiguous as rows x N.
+// Strategy: at::vec (fp16/bf16 widened to fp32 vectors), at::parallel_for over flat chunks. fp64
+// uses Sleef's double erfc/exp (gradcheck). grad_bias is reduced deterministically: the rows are
+// cut into a fixed number of row blocks that depends only on the shape (never on the thread count),
+// each (row block, column block) tile sums its rows in order into an fp32 partial, and the partials
+// are added in row-block order.
+// Bytes per element: gelu fwd 2*sizeof(T), bwd 3*sizeof(T); bias_gelu the same plus the bias once.
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
+#include <fastops/checks.h>
+#include <fastops/cpu_loops.h>
+#include <fastops/gelu_math.h>
+#include <torch/library.h>
+
+#include <string_view>
+#include <tuple>
+
+namespace fastops::cpu {
+namespace {
+
+namespace gm = fastops::gelu_math;
+using FVec = at::vec::Vectorized<float>;
+using DVec = at::vec::Vectorized<double>;
+
+struct VecFma {
+  FVec operator()(const FVec& a, const FVec& b, const FVec& c) const { return at::vec::fmadd(a, b, c); }
+};
+
+// c - a*b in one instruction (at::vec's generic fnmadd is a multiply, a negation and an add).
+inline FVec fnmadd(const FVec& a, const FVec& b, const FVec& c) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_fnmadd_ps(a, b, c);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_fnmadd_ps(a, b, c);
+#else
+  return c - a * b;
+#endif
+}
+
+// 1/d for d in [1, 7]: the hardware reciprocal estimate plus one Newton step (about 1 ulp), three
+// cheap instructions where a vector division costs ~10 cycles of a single divider per vector.
+inline FVec reciprocal(const FVec& d) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const FVec r0(_mm512_rcp14_ps(d));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const FVec r0(_mm256_rcp_ps(d));
+#else
+  const FVec r0 = FVec(1.0f) / d;
+#endif
+  return at::vec::fmadd(r0, fnmadd(d, r0, FVec(1.0f)), r0);
+}
+
+// exp(-(hi + lo) / 2) for hi = u*u rounded and lo = u*u - hi exactly, u in [0, kTailClamp].
+// AVX-512: our own exp, specialised to this argument: n = round(a / ln2) with a = -hi/2 (exact),
+// r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi is exact for |n| <= 289),
+// e^r = 1 + (r + r^2 P4(r)) (our fit on |r| <= ln2/2, 1.1e-7 relative in fp32 arithmetic), and
+// scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them, so no range
+// checks are needed. About 12 instructions against ~20 for Sleef's general expf plus the lo
+// correction. Elsewhere: Sleef's (or the scalar) expf, then a first-order lo correction.
+inline FVec gauss(const FVec& hi, const FVec& lo) {
+  const FVec a = hi * FVec(-0.5f);
+#if defined(CPU_CAPABILITY_AVX512)
+  const FVec n(_mm512_roundscale_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  FVec r = fnmadd(n, FVec(0.693359375f), a);
+  r = fnmadd(n, FVec(-2.12194440e-4f), r);
+  r = at::vec::fmadd(lo, FVec(-0.5f), r);
+  const FVec r2 = r * r;
+  FVec p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
+  p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
+  p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
+  p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
+  const FVec er = at::vec::fmadd(r2, p, r) + FVec(1.0f);
+  return FVec(_mm512_scalef_ps(er, n));
+#else
+  const FVec e = a.exp();
+  return at::vec::fmadd(e, lo * FVec(-0.5f), e);
+#endif
+}
+
+// fp32: ex = exp(-x^2/2) and q = Q(|x|), so T(|x|) = q * ex (see gelu_math.h). |x| is clamped to
+// kTailClamp first (ex is 0 beyond it): x*x and its exact low part stay finite and 1 + a|x| stays
+// in the range reciprocal() is accurate for; NaN passes through the clamp.
+inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
+  const FVec u = at::vec::clamp_max(x.abs(), FVec(gm::kTailClamp));
+  const FVec t = reciprocal(at::vec::fmadd(FVec(gm::kTailA), u, FVec(1.0f)));
+  q = t * gm::tail_poly(t, VecFma{});
+  const FVec hi = u * u;
+  ex = gauss(hi, at::vec::fmsub(u, u, hi));
+}
+
+struct GeluErfForward {
+  FVec operator()(const FVec& x) const {
+    FVec ex, q;
+    erf_tail_parts(x, ex, q);
+    // x < 0: (x * q) * ex keeps the intermediate normal where x * T alone would go subnormal.
+    const FVec neg = (x * q) * ex;
+    const FVec pos = x * fnmadd(q, ex, FVec(1.0f));
+    return FVec::blendv(neg, pos, x >= FVec(0.0f));
+  }
+  DVec operator()(const DVec& x) const {
+    const DVec tail = (x.abs() * DVec(gm::kSqrtHalf)).erfc() * DVec(0.5);
+    return DVec::blendv(x * tail, x * (DVec(1.0) - tail), x >= DVec(0.0));
+  }
+};
+
+struct GeluErfBackward {
+  FVec operator()(const FVec& g, const FVec& x) const {
+    FVec ex, q;
+    erf_tail_parts(x, ex, q);
+    const FVec tail = q * ex;
+    const FVec cdf = FVec::blendv(tail, FVec(1.0f) - tail, x >= FVec(0.0f));
+    return g * at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
+  }
+  DVec operator()(const DVec& g, const DVec& x) const {
+    const DVec tail = (x.abs() * DVec(gm::kSqrtHalf)).erfc() * DVec(0.5);
+    const DVec cdf = DVec::blendv(tail, DVec(1.0) - tail, x >= DVec(0.0));
+    const DVec pdf = (x * x * DVec(-0.5)).exp() * DVec(gm::kInvSqrt2Pi);
+    return g * (cdf + x * pdf);
+  }
+};
+
+// tanh form: s = sigmoid(2y) and e*r = e / (1+e) with e = exp(-2|y|), r = 1 / (1+e).
+template <typename V>
+inline void tanh_parts(const V& x, const V& x2, V& s, V& er, V& r) {
+  using M = typename V::value_type;
+  const V y = x * at::vec::fmadd(V(static_cast<M>(gm::kTanhK * gm::kTanhC)), x2, V(static_cast<M>(gm::kTanhK)));
+  const V e = (y.abs() * V(M(-2))).exp();
+  r = V(M(1)) / (V(M(1)) + e);
+  er = e * r;
+  s = V::blendv(er, r, y >= V(M(0)));
+}
+
+struct GeluTanhForward {
+  template <typename V>
+  V operator()(const V& x) const {
+    using M = typename V::value_type;
+    const V y = x * at::vec::fmadd(V(static_cast<M>(gm::kTanhK * gm::kTanhC)), x * x, V(static_cast<M>(gm::kTanhK)));
+    const V e = (y.abs() * V(M(-2))).exp();
+    // x * s with s = r or e * r; (x * r) * e stays normal where e * r alone would be subnormal.
+    const V xr = x / (V(M(1)) + e);
+    return V::blendv(xr * e, xr, y >= V(M(0)));
+  }
+};
+
+struct GeluTanhBackward {
+  template <typename V>
+  V operator()(const V& g, const V& x) const {
+    using M = typename V::value_type;
+    const V x2 = x * x;
+    V s, er, r;
+    tanh_parts(x, x2, s, er, r);
+    // ds/dx = s (1-s) * 2 y' = (er * r) * (2k + 6kc x^2)
+    const V dy2 = at::vec::fmadd(V(static_cast<M>(6 * gm::kTanhK * gm::kTanhC)), x2, V(static_cast<M>(2 * gm::kTanhK)));
+    return g * at::vec::fmadd(x, (er * r) * dy2, s);
+  }
+};
+
+// ---- gelu ---------------------------------------------------------------------------------------
+
+at::Tensor gelu(const at::Tensor& x_in, std::string_view approximate) {
+  const bool use_tanh = gm::parse_tanh("gelu", approximate);
+  check_floating("gelu", "x", x_in);
+  const at::Tensor x = densify(x_in);
+  at::Tensor y = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_gelu_cpu", [&] {
+    const std::array<const scalar_t*, 1> in = {x.const_data_ptr<scalar_t>()};
+    if (use_tanh) {
+      elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluTanhForward{}, in);
+    } else {
+      elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluErfForward{}, in);
+    }
+  });
+  return y;
+}
+
+at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std::string_view approximate) {
+  const bool use_tanh = gm::parse_tanh("gelu_backward", approximate);
+  check_floating("gelu_backward", "x", x_in);
+  check_same_dtype("gelu_backward", "grad_out", grad_in, "x", x_in);
+  check_same_shape("gelu_backward", "grad_out", grad_in, "x", x_in);
+  const at::Tensor x = densify(x_in);
+  const at::Tensor grad = match_layout(grad_in, x);
+  at::Tensor dx = at::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_gelu_backward_cpu", [&] {
+    const std::array<const scalar_t*, 2> in = {grad.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>()};
+    if (use_tanh) {
+      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluTanhBackward{}, in);
+    } else {
+      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluErfBackward{}, in);
+    }
+  });
+  return dx;
+}
+
+// ---- bias_gelu ----------------------------------------------------------------------------------
+
+void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
+  check_floating(op, "x", x);
+  check_same_device(op, "bias", bias, "x", x);
+  check_same_dtype(op, "bias", bias, "x", x);
+  TORCH_CHECK(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
+              ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
+              str(bias.sizes()));
+}
+
+// Applies f(i, col, len) to every row segment of the flat range [begin, end) of a rows x n matrix.
+template <typename F>
+inline void for_each_row_segment(int64_t begin, int64_t end, int64_t n, const F& f) {
+  int64_t i = begin;
+  int64_t col = begin % n;
+  while (i < end) {
+    const int64_t len = std::min(n - col, end - i);
+    f(i, col, len);
+    i += len;
+    col = 0;
+  }
+}
+
+// One vector step of the bias loops: count (<= Vectorized<T>::size()) elements of a at p and of
+// the opmath bias at b, widened to opmath vectors (two for fp16/bf16) with the bias added.
+template <typename T>
+struct BiasStep {
+  using Vec = at::vec::Vectorized<T>;
+  using M = opmath_t<T>;
+  using MVec = at::vec::Vectorized<M>;
+  static constexpr int64_t kStep = Vec::size();
+
+  static std::pair<MVec, MVec> load_biased(const T* p, const M* b, int64_t count) {
+    if constexpr (is_reduced_float_v<T>) {
+      auto [lo, hi] = at::vec::convert_to_float<T>(Vec::loadu(p, count));
+      constexpr int64_t half = FVec::size();
+      const FVec b_lo = FVec::loadu(b, std::min(count, half));
+      const FVec b_hi = count > half ? FVec::loadu(b + half, count - half) : FVec(0.0f);
+      return {lo + b_lo, hi + b_hi};
+    } else {
+      return {Vec::loadu(p, count) + MVec::loadu(b, count), MVec(M(0))};
+    }
+  }
+  static std::pair<MVec, MVec> load(const T* p, int64_t count) {
+    if constexpr (is_reduced_float_v<T>) {
+      const auto [lo, hi] = at::vec::convert_to_float<T>(Vec::loadu(p, count));
+      return {lo, hi};
+    } else {
+      return {Vec::loadu(p, count), MVec(M(0))};
+    }
+  }
+  static void store(T* p, const MVec& lo, const MVec& hi, int64_t count) {
+    if constexpr (is_reduced_float_v<T>) {
+      at::vec::convert_from_float<T>(lo, hi).store(p, count);
+    } else {
+      lo.store(p, count);
+    }
+  }
+};
+
+template <typename T, typename Op>
+void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t numel, int64_t n, const Op& op) {
+  using S = BiasStep<T>;
+  at::parallel_for(0, numel, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for_each_row_segment(begin, end, n, [&](int64_t i, int64_t col, int64_t len) {
+      for (int64_t j = 0; j < len; j += S::kStep) {
+        const int64_t count = std::min(S::kStep, len - j);
+        const auto [lo, hi] = S::load_biased(x + i + j, bias + col + j, count);
+        if constexpr (is_reduced_float_v<T>) {
+          S::store(out + i + j, op(lo), op(hi), count);
+        } else {
+          S::store(out + i + j, op(lo), hi, count);
+        }
+      }
+    });
+  });
+}
+
+// Tiling of the grad_bias reduction; a function of (rows, n) only, so the summation order (and
+// with it every bit of grad_bias) does not depend on the number of threads.
+constexpr int64_t kColBlock = 1024;
+constexpr int64_t kMaxRowBlocks = 64;
+constexpr int64_t kMinTileElements = 16384;
+
+template <typename T, typename Op>
+void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, const T* x, const opmath_t<T>* bias,
+                             int64_t rows, int64_t n, const Op& op) {
+  using S = BiasStep<T>;
+  using M = opmath_t<T>;
+  using MVec = at::vec::Vectorized<M>;
+  const int64_t col_blocks = (n + kColBlock - 1) / kColBlock;
+  const int64_t min_rows = (kMinTileElements + std::min(n, kColBlock) - 1) / std::min(n, kColBlock);
+  const int64_t row_blocks = std::clamp<int64_t>(rows / std::max<int64_t>(min_rows, 1), 1, kMaxRowBlocks);
+  const int64_t rows_per_block = (rows + row_blocks - 1) / row_blocks;
+  at::Tensor partial = at::empty({row_blocks, n}, grad_bias_acc.options());
+  M* partial_ptr = partial.data_ptr<M>();
+
+  at::parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t task_begin, int64_t task_end) {
+    alignas(64) M acc[kColBlock];
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t rb = task / col_blocks, cb = task % col_blocks;
+      const int64_t c0 = cb * kColBlock, width = std::min(kColBlock, n - c0);
+      const int64_t r0 = rb * rows_per_block, r1 = std::min(rows, r0 + rows_per_block);
+      std::fill(acc, acc + width, M(0));
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t base = r * n + c0;
+        for (int64_t j = 0; j < width; j += S::kStep) {
+          const int64_t count = std::min(S::kStep, width - j);
+          const auto [h_lo, h_hi] = S::load_biased(x + base + j, bias + c0 + j, count);
+          const auto [g_lo, g_hi] = S::load(grad + base + j, count);
+          const MVec d_lo = op(g_lo, h_lo);
+          // Accumulate the unrounded fp32 gradient: grad_bias is then the fp32 sum of exact terms.
+          constexpr int64_t mstep = MVec::size();
+          (MVec::loadu(acc + j, std::min(count, mstep)) + d_lo).store(acc + j, std::min(count, mstep));
+          if constexpr (is_reduced_float_v<T>) {
+            const MVec d_hi = op(g_hi, h_hi);
+            if (count > mstep) {
+              (MVec::loadu(acc + j + mstep, count - mstep) + d_hi).store(acc + j + mstep, count - mstep);
+            }
+            S::store(dx + base + j, d_lo, d_hi, count);
+          } else {
+            S::store(dx + base + j, d_lo, d_lo, count);
+          }
+        }
+      }
+      std::copy(acc, acc + width, partial_ptr + rb * n + c0);
+    }
+  });
+
+  // Fixed-order combine of the row-block partials, vectorized across columns.
+  M* out = grad_bias_acc.data_ptr<M>();
+  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; c += MVec::size()) {
+      const int64_t count = std::min<int64_t>(MVec::size(), end - c);
+      MVec sum = MVec::loadu(partial_ptr + c, count);
+      for (int64_t rb = 1; rb < row_blocks; ++rb) sum = sum + MVec::loadu(partial_ptr + rb * n + c, count);
+      sum.store(out + c, count);
+    }
+  });
+}
+
+at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {
+  const bool use_tanh = gm::parse_tanh("bias_gelu", approximate);
+  check_bias("bias_gelu", x_in, bias_in);
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t n = x.size(-1);
+  if (x.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_bias_gelu_cpu", [&] {
+    using M = opmath_t<scalar_t>;
+    const at::Tensor bias = bias_in.to(c10::CppTypeToScalarType<M>::value).contiguous();
+    if (use_tanh) {
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
+                             x.numel(), n, GeluTanhForward{});
+    } else {
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
+                             x.numel(), n, GeluErfForward{});
+    }
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                      const at::Tensor& bias_in, std::string_view approximate) {
+  const bool use_tanh = gm::parse_tanh("bias_gelu_backward", approximate);
+  check_bias("bias_gelu_backward", x_in, bias_in);
+  check_same_dtype("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
+  check_same_shape("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
+  const at::Tensor x = x_in.contiguous();
+  const at::Tensor grad = grad_in.contiguous();
+  at::Tensor dx = at::empty(x.sizes(), x.options());
+  const int64_t n = x.size(-1);
+  if (x.numel() == 0) return {dx, at::zeros_like(bias_in)};
+  at::Tensor grad_bias;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_bias_gelu_backward_cpu", [&] {
+    using M = opmath_t<scalar_t>;
+    const auto opmath_dtype = c10::CppTypeToScalarType<M>::value;
+    const at::Tensor bias = bias_in.to(opmath_dtype).contiguous();
+    at::Tensor acc = at::empty({n}, x.options().dtype(opmath_dtype));
+    const int64_t rows = x.numel() / n;
+    if (use_tanh) {
+      bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
+                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluTanhBackward{});
+    } else {
+      bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
+                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluErfBackward{});
+    }
+    grad_bias = acc.to(x.scalar_type());
+  });
+  return {dx, grad_bias};
+}
+
+}  // namespace
+}  // namespace fastops::cpu
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("gelu", &fastops::cpu::gelu);
+  m.impl("gelu_backward", &fastops::cpu::gelu_backward);
+  m.impl("bias_gelu", &fastops::cpu::bias_gelu);
+  m.impl("bias_gelu_backward", &fastops::cpu::bias_gelu_backward);
+}
