@@ -52,7 +52,13 @@ TORCH_LIBRARY(fastops, m) {
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)");
 
-  // fused_adam (issue 4)
+  // fused_adam (issue 4): one Adam/AdamW step over lists of tensors; fastops/optim/fused_adam.py.
+  // lr_tensor, when given, replaces lr. grads are written back unscaled when grad_scale is given.
+  m.def(
+      "fused_adam_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, "
+      "Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] steps, Tensor? lr_tensor, float lr, float beta1, float beta2, "
+      "float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
 
   // depthwise_conv2d (issue 5): F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
   // (top, bottom, left, right); fastops/ops/depthwise_conv2d.py

@@ -7,6 +7,7 @@ Public API:
   swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
+  fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
   fastops.reference               plain-PyTorch definitions of every op
 """
 
@@ -14,17 +15,15 @@ from fastops import _extension
 
 _extension.load()
 
-from fastops import nn, ops, reference  # noqa: E402
+from fastops import nn, ops, optim, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 
 # gelu (issue 3)
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 
-# fused_adam (issue 4)
-
+# fused_adam (issue 4): fastops.optim.FusedAdam / FusedAdamW
 # depthwise_conv2d (issue 5)
-
 # swap + training (issue 6)
 from fastops.swap import swap_modules  # noqa: E402
 
@@ -38,6 +37,7 @@ __all__ = [
     "gelu",
     "nn",
     "ops",
+    "optim",
     "reference",
     "swap_modules",
 ]

@@ -1,0 +1,168 @@
+"""Adam/AdamW step: fastops.optim.FusedAdamW vs torch.optim.AdamW for-loop, foreach, fused, compile.
+
+Param lists (shapes only; no model is built): every parameter of GPT-2 small (124.4M params, 148
+tensors), of ResNet-50 (25.6M params, 161 tensors, most of them small BatchNorm vectors), and one
+huge tensor. Each provider gets fresh params with random grads and its own optimizer state; the
+timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x itemsize per param
+(read p, g, m, v; write p, m, v = 28 B for fp32).
+
+    python -m benchmarks.bench_adam [--device cpu|cuda] [--quick] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+import fastops
+from benchmarks import common
+
+
+def gpt2_small_shapes(vocab: int = 50257, ctx: int = 1024, d: int = 768, layers: int = 12) -> list[tuple]:
+    shapes: list[tuple] = [(vocab, d), (ctx, d)]
+    for _ in range(layers):
+        shapes += [(d,), (d,), (d, 3 * d), (3 * d,), (d, d), (d,), (d,), (d,), (d, 4 * d), (4 * d,)]
+        shapes += [(4 * d, d), (d,)]
+    return shapes + [(d,), (d,)]
+
+
+def resnet50_shapes() -> list[tuple]:
+    shapes: list[tuple] = [(64, 3, 7, 7), (64,), (64,)]
+    inplanes = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            shapes += [(width, inplanes, 1, 1), (width,), (width,)]
+            shapes += [(width, width, 3, 3), (width,), (width,)]
+            shapes += [(4 * width, width, 1, 1), (4 * width,), (4 * width,)]
+            if b == 0:
+                shapes += [(4 * width, inplanes, 1, 1), (4 * width,), (4 * width,)]
+            inplanes = 4 * width
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def numel(shapes: list[tuple]) -> int:
+    total = 0
+    for s in shapes:
+        n = 1
+        for d in s:
+            n *= d
+        total += n
+    return total
+
+
+def make_params(shapes: list[tuple], device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    params = []
+    for s in shapes:
+        p = torch.empty(s, device=device, dtype=dtype).uniform_(-0.1, 0.1).requires_grad_(True)
+        p.grad = torch.empty_like(p).uniform_(-1e-3, 1e-3)
+        params.append(p)
+    return params
+
+
+PROVIDERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "fastops": lambda ps: fastops.optim.FusedAdamW(ps, lr=1e-3),
+    "torch_forloop": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False),
+    "torch_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True),
+    "torch_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True),
+}
+
+
+def interleaved_times(
+    steps: dict[str, Callable[[], object]],
+    device: str,
+    min_time: float,
+    min_reps: int = 7,
+    max_reps: int = 200,
+) -> dict[str, list[float]]:
+    """Per-step times of every provider, taken in rounds (one step of each provider per round), so
+    load from other jobs on a shared machine falls on all providers alike instead of on whichever
+    happened to run at a busy moment."""
+    for step in steps.values():  # warm-up: creates the state (and compiles)
+        for _ in range(2):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_reps and (rounds < min_reps or time.perf_counter() - start < min_time * len(steps)):
+        for name, step in steps.items():
+            times[name] += common.time_ms(step, device, min_time=0.0, warmup=0, max_reps=1, min_reps=1)
+        rounds += 1
+    return times
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    device = args.device
+    if device == "cpu" and not args.fresh_pages:
+        common.fair_cpu_allocation()
+    dtype = getattr(torch, args.dtype)
+    min_time = 0.3 if args.quick else args.min_time
+    roofline = common.copy_roofline_gbps(device, min_time=min_time)
+    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
+
+    huge = (1 << 24) if args.quick else (1 << 26)
+    cases = {
+        "gpt2-small": gpt2_small_shapes(layers=2 if args.quick else 12),
+        "resnet50": resnet50_shapes(),
+        "one-tensor": [(huge,)],
+    }
+    results: list[common.Result] = []
+    for case, shapes in cases.items():
+        n = numel(shapes)
+        size = f"{n / 1e6:.1f}M params / {len(shapes)} tensors"
+        nbytes = 7 * n * torch.empty((), dtype=dtype).element_size()
+        # One set of params and grads shared by every provider (each has its own optimizer state):
+        # the work per step does not depend on the values, and memory stays at 1 + providers copies.
+        params = make_params(shapes, device, dtype)
+        steps: dict[str, Callable[[], object]] = {name: f(params).step for name, f in PROVIDERS.items()}
+        if not args.no_compile:
+            steps["compile"] = torch.compile(PROVIDERS["torch_foreach"](params).step)
+        times = interleaved_times(steps, device, min_time)
+        for name, t in times.items():
+            median, p20, p80 = common.quantiles(t)
+            gbps = nbytes / (median * 1e-3) / 1e9
+            results.append(
+                common.Result(
+                    "adam",
+                    case,
+                    "step",
+                    str(dtype).removeprefix("torch."),
+                    size,
+                    name,
+                    median,
+                    p20,
+                    p80,
+                    nbytes,
+                    gbps,
+                    100 * gbps / roofline,
+                    {"reps": len(t)},
+                )
+            )
+            print(
+                f"{case:10s} {name:14s} {median:10.3f} ms  p20 {p20:9.3f}  p80 {p80:9.3f}  {gbps:6.1f} GB/s",
+                flush=True,
+            )
+        del params, steps
+        torch._dynamo.reset()
+
+    notes = (
+        "AdamW(lr=1e-3, weight_decay=1e-2), one opt.step() timed; bytes = 7 x itemsize per param. "
+        "compile = torch.compile(torch.optim.AdamW(foreach=True).step). Providers are timed in rounds "
+        "(one step of each per round) on one shared set of params and grads. "
+    )
+    if device == "cpu":
+        notes += (
+            "The CPU (2 cores) was shared with other jobs during the run, so absolute numbers are noisy "
+            "(the copy roofline too); the interleaving keeps the ratios between providers fair. "
+        )
+    csv_path, md_path = common.write_results("adam", device, results, roofline, args.out, args.tag, notes)
+    print(common.format_table(results, roofline))
+    print(f"wrote {csv_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()

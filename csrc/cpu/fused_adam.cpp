@@ -1,0 +1,259 @@
+// fused_adam_ on the CPU: one Adam / AdamW step over whole lists of tensors, in one pass.
+//
+// Per element, with t = step + 1, and g unscaled by grad_scale (and written back unscaled) when given:
+//   g  = maximize ? -g : g;          g += wd * p  (Adam, L2)   |   p *= 1 - lr * wd  (AdamW, decoupled)
+//   m  = lerp(m, g, 1 - beta1)       v = v * beta2 + (1 - beta2) * g * g       vmax = max(vmax, v) (amsgrad)
+//   p += -(lr / (1 - beta1^t)) * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
+// with the operations in the order torch.optim.Adam(foreach=False) performs them, so fp32 results
+// agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included.
+//
+// Strategy: the tensors of one dtype are laid end to end as one flat index space and
+// at::parallel_for splits that space evenly over the threads, so a huge tensor is split and tiny
+// ones are batched into one task, and empty tensors take no work wherever they are in the list.
+// Each piece runs at::vec over Vectorized<float> (fp16/bf16 widened to fp32, fp64 in double);
+// only the state is rounded to the param dtype on store. Per-tensor scalars (bias corrections from
+// that tensor's own step) are computed once in double.
+// Bytes per element: reads p, g, m, v and writes p, m, v = 7 * sizeof(T) (28 B for fp32); amsgrad
+// adds 2 * sizeof(T), grad_scale adds sizeof(T) (the unscaled grad written back).
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <fastops/adam.h>
+#include <fastops/checks.h>
+#include <fastops/cpu_loops.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <map>
+
+namespace fastops::cpu {
+namespace {
+
+enum class Decay { kNone, kL2, kDecoupled };
+
+// The per-element update on one vector of opmath values; every member is a broadcast scalar.
+template <typename M, Decay kDecay, bool kAmsgrad>
+struct AdamMath {
+  using V = at::vec::Vectorized<M>;
+  V grad_scale, weight_decay, decay_factor, lerp_coeff, beta2, one_minus_beta2, bias_correction2, eps, neg_step_size;
+  bool unscale, maximize, lerp_from_start;
+
+  // g is updated in place to the unscaled gradient (what is written back when unscale is set).
+  inline void operator()(V& p, V& g, V& m, V& v, V& vmax) const {
+    if (unscale) g = g / grad_scale;
+    V grad = maximize ? V(M(0)) - g : g;
+    if constexpr (kDecay == Decay::kL2) grad = at::vec::fmadd(p, weight_decay, grad);
+    if constexpr (kDecay == Decay::kDecoupled) p = p * decay_factor;
+    // torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (1 - w) * (end - start).
+    m = lerp_from_start ? at::vec::fmadd(lerp_coeff, grad - m, m) : at::vec::fmadd(lerp_coeff, grad - m, grad);
+    v = v * beta2;
+    v = v + one_minus_beta2 * grad * grad;
+    V second = v;
+    if constexpr (kAmsgrad) {
+      vmax = at::vec::maximum(vmax, v);
+      second = vmax;
+    }
+    const V denom = second.sqrt() / bias_correction2 + eps;
+    p = p + neg_step_size * (m / denom);
+  }
+};
+
+template <typename T>
+struct Pointers {
+  T* p;
+  T* g;
+  T* m;
+  T* v;
+  T* vmax;  // nullptr without amsgrad
+};
+
+// Runs math over elements [begin, end) of one tensor: full vectors, then one partial vector.
+template <typename T, typename Math>
+void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math& math, bool write_grad) {
+  using M = opmath_t<T>;
+  using MV = at::vec::Vectorized<M>;
+  using TV = at::vec::Vectorized<T>;
+  constexpr int64_t width = TV::size();
+  const bool ams = ptr.vmax != nullptr;
+  for (int64_t i = begin; i < end; i += width) {
+    const int64_t count = std::min<int64_t>(width, end - i);
+    auto load = [&](const T* src) { return count == width ? TV::loadu(src + i) : TV::loadu(src + i, count); };
+    auto store = [&](const TV& value, T* dst) {
+      if (count == width) {
+        value.store(dst + i);
+      } else {
+        value.store(dst + i, count);
+      }
+    };
+    const TV p = load(ptr.p), g = load(ptr.g), m = load(ptr.m), v = load(ptr.v);
+    const TV vmax = ams ? load(ptr.vmax) : TV(T(0));
+    if constexpr (is_reduced_float_v<T>) {
+      auto [p0, p1] = at::vec::convert_to_float<T>(p);
+      auto [g0, g1] = at::vec::convert_to_float<T>(g);
+      auto [m0, m1] = at::vec::convert_to_float<T>(m);
+      auto [v0, v1] = at::vec::convert_to_float<T>(v);
+      auto [x0, x1] = at::vec::convert_to_float<T>(vmax);
+      math(p0, g0, m0, v0, x0);
+      math(p1, g1, m1, v1, x1);
+      store(at::vec::convert_from_float<T>(p0, p1), ptr.p);
+      store(at::vec::convert_from_float<T>(m0, m1), ptr.m);
+      store(at::vec::convert_from_float<T>(v0, v1), ptr.v);
+      if (ams) store(at::vec::convert_from_float<T>(x0, x1), ptr.vmax);
+      if (write_grad) store(at::vec::convert_from_float<T>(g0, g1), ptr.g);
+    } else {
+      MV pm = p, gm = g, mm = m, vm = v, xm = vmax;
+      math(pm, gm, mm, vm, xm);
+      store(pm, ptr.p);
+      store(mm, ptr.m);
+      store(vm, ptr.v);
+      if (ams) store(xm, ptr.vmax);
+      if (write_grad) store(gm, ptr.g);
+    }
+  }
+}
+
+// Elements per task of at::parallel_for: big enough to amortise a task, small enough that a
+// 100 MB tensor splits over every core.
+constexpr int64_t kGrain = 1 << 15;
+
+template <typename T, Decay kDecay, bool kAmsgrad>
+void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const adam::Hyper& h,
+                     const std::vector<adam::StepScalars>& scalars, double grad_scale, bool unscale) {
+  using M = opmath_t<T>;
+  using V = at::vec::Vectorized<M>;
+  const size_t n = idx.size();
+  std::vector<Pointers<T>> ptrs(n);
+  std::vector<int64_t> offsets(n + 1, 0);  // offsets[k]: first flat index of tensor k
+  for (size_t k = 0; k < n; ++k) {
+    const size_t i = idx[k];
+    ptrs[k] = {w.params[i].data_ptr<T>(), w.grads[i].data_ptr<T>(), w.exp_avgs[i].data_ptr<T>(),
+               w.exp_avg_sqs[i].data_ptr<T>(), kAmsgrad ? w.max_exp_avg_sqs[i].data_ptr<T>() : nullptr};
+    offsets[k + 1] = offsets[k] + w.params[i].numel();
+  }
+  const int64_t total = offsets[n];
+  if (total == 0) return;
+
+  const double lerp_weight = 1.0 - h.beta1;
+  AdamMath<M, kDecay, kAmsgrad> base{};
+  base.grad_scale = V(static_cast<M>(grad_scale));
+  base.weight_decay = V(static_cast<M>(h.weight_decay));
+  base.decay_factor = V(static_cast<M>(1.0 - h.lr * h.weight_decay));
+  // The weight is rounded to opmath first, then the branch and coefficient follow from it, as in torch.
+  const M w_m = static_cast<M>(lerp_weight);
+  base.lerp_from_start = std::abs(w_m) < M(0.5);
+  base.lerp_coeff = V(base.lerp_from_start ? w_m : w_m - M(1));
+  base.beta2 = V(static_cast<M>(h.beta2));
+  base.one_minus_beta2 = V(static_cast<M>(1.0 - h.beta2));
+  base.eps = V(static_cast<M>(h.eps));
+  base.unscale = unscale;
+  base.maximize = h.maximize;
+
+  at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
+    // The last tensor starting at or before `begin`: empty tensors share their offset with the next
+    // non-empty one, and upper_bound steps past them.
+    size_t k = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
+    for (int64_t pos = begin; pos < end; ++k) {
+      const int64_t stop = std::min(end, offsets[k + 1]);
+      if (stop > pos) {
+        AdamMath<M, kDecay, kAmsgrad> math = base;
+        math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
+        math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
+        update_range<T>(ptrs[k], pos - offsets[k], stop - offsets[k], math, unscale);
+        pos = stop;
+      }
+    }
+  });
+}
+
+template <typename T>
+void run_dtype(const adam::Work& w, const std::vector<size_t>& idx, const adam::Hyper& h,
+               const std::vector<adam::StepScalars>& scalars, double grad_scale, bool unscale) {
+  const Decay decay =
+      h.weight_decay == 0.0 ? Decay::kNone : (h.decoupled_weight_decay ? Decay::kDecoupled : Decay::kL2);
+  auto with_decay = [&](auto decay_tag) {
+    constexpr Decay kDecay = decltype(decay_tag)::value;
+    if (h.amsgrad) {
+      run_dtype_group<T, kDecay, true>(w, idx, h, scalars, grad_scale, unscale);
+    } else {
+      run_dtype_group<T, kDecay, false>(w, idx, h, scalars, grad_scale, unscale);
+    }
+  };
+  switch (decay) {
+    case Decay::kNone:
+      with_decay(std::integral_constant<Decay, Decay::kNone>{});
+      break;
+    case Decay::kL2:
+      with_decay(std::integral_constant<Decay, Decay::kL2>{});
+      break;
+    case Decay::kDecoupled:
+      with_decay(std::integral_constant<Decay, Decay::kDecoupled>{});
+      break;
+  }
+}
+
+double read_scalar(const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.numel() == 1 && t.device().is_cpu() && at::isFloatingType(t.scalar_type()),
+              "fastops.fused_adam_: expected ", arg, " to be a 1-element floating tensor on the CPU, got ",
+              str(t.scalar_type()), " with ", str(t.numel()), " elements on ", str(t.device()));
+  return t.item<double>();
+}
+
+void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                 at::TensorList max_exp_avg_sqs, at::TensorList steps, const std::optional<at::Tensor>& lr_tensor,
+                 double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
+                 bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf) {
+  adam::Hyper h{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay};
+  if (lr_tensor.has_value()) h.lr = read_scalar("lr", *lr_tensor);
+  adam::check_hyper(h);
+  const bool unscale = grad_scale.has_value();
+  adam::Work w = adam::prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad, unscale);
+  // On the CPU reading the flags is free: a skipped step costs nothing and touches nothing.
+  if (found_inf.has_value() && read_scalar("found_inf", *found_inf) != 0.0) return;
+  const double scale = unscale ? read_scalar("grad_scale", *grad_scale) : 1.0;
+
+  std::vector<adam::StepScalars> scalars(w.params.size());
+  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    const double t = static_cast<double>(*w.steps[i].data_ptr<float>()) + 1.0;
+    scalars[i] = adam::step_scalars(h.lr, h.beta1, h.beta2, t);
+    by_dtype[w.params[i].scalar_type()].push_back(i);
+  }
+  for (const auto& [dtype, idx] : by_dtype) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fastops_fused_adam_cpu",
+                                    [&] { run_dtype<scalar_t>(w, idx, h, scalars, scale, unscale); });
+  }
+  for (const at::Tensor& s : w.steps) *s.data_ptr<float>() += 1.0f;
+  w.finish();
+}
+
+}  // namespace
+}  // namespace fastops::cpu
+
+namespace fastops {
+namespace {
+
+// Version counters: like every in-place torch op, fused_adam_ bumps the version of each tensor it may
+// mutate, so autograd still detects "a saved tensor was modified in place" after opt.step(). (The
+// autograd fallback skips this under no_grad, where optimizers run.) Device independent: registered
+// once here, for every backend.
+void fused_adam_bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto num_args = static_cast<int64_t>(op.schema().arguments().size());
+  const auto first = static_cast<int64_t>(stack->size()) - num_args;
+  for (int64_t i = 0; i < num_args; ++i) {
+    const auto* alias = op.schema().arguments()[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) continue;
+    for (const at::Tensor& t : (*stack)[first + i].toTensorList()) t.unsafeGetTensorImpl()->bump_version();
+  }
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+}
+
+}  // namespace
+}  // namespace fastops
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) { m.impl("fused_adam_", &fastops::cpu::fused_adam_); }
+
+TORCH_LIBRARY_IMPL(fastops, ADInplaceOrView, m) {
+  m.impl("fused_adam_", torch::CppFunction::makeFromBoxedFunction<&fastops::fused_adam_bump_versions>());
+}

@@ -1,0 +1,142 @@
+// Host-side pieces of fused_adam_ shared by the CPU and CUDA kernels: hyper-parameter checks, the
+// per-tensor checks of the six tensor lists, and the layout fallback for tensors that are not all
+// laid out the same way.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <fastops/checks.h>
+
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace fastops::adam {
+
+struct Hyper {
+  double lr;
+  double beta1;
+  double beta2;
+  double weight_decay;
+  double eps;
+  bool amsgrad;
+  bool maximize;
+  bool decoupled_weight_decay;
+};
+
+// The same bounds torch.optim.Adam enforces, also at step time (a scheduler or a loaded
+// checkpoint can change a group after construction).
+inline void check_hyper(const Hyper& h) {
+  TORCH_CHECK(h.lr >= 0.0, "fastops.fused_adam_: expected lr >= 0, got ", str(h.lr));
+  TORCH_CHECK(h.beta1 >= 0.0 && h.beta1 < 1.0, "fastops.fused_adam_: expected beta1 in [0, 1), got ", str(h.beta1));
+  TORCH_CHECK(h.beta2 >= 0.0 && h.beta2 < 1.0, "fastops.fused_adam_: expected beta2 in [0, 1), got ", str(h.beta2));
+  TORCH_CHECK(h.eps >= 0.0, "fastops.fused_adam_: expected eps >= 0, got ", str(h.eps));
+  TORCH_CHECK(h.weight_decay >= 0.0, "fastops.fused_adam_: expected weight_decay >= 0, got ", str(h.weight_decay));
+}
+
+// Two dense tensors whose elements sit in the same order in memory: equal strides on every dimension
+// of size > 1 (strides of size-1 dimensions never matter, and autograd does not always agree on them).
+inline bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.is_non_overlapping_and_dense() || !b.is_non_overlapping_and_dense()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d) {
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  }
+  return true;
+}
+
+// The lists the kernels walk: every tensor of index i has the memory order of work.params[i], so
+// the kernels index all five flat. Tensors that had another layout are replaced by copies, written
+// back by finish().
+struct Work {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (caller's tensor, working copy)
+
+  void finish() {
+    for (auto& [original, working] : copy_back) original.copy_(working);
+    copy_back.clear();
+  }
+};
+
+inline void check_list_size(const char* arg, size_t got, size_t want) {
+  TORCH_CHECK(got == want, "fastops.fused_adam_: expected ", arg, " to hold one tensor per param (",
+              str(static_cast<int64_t>(want)), "), got ", str(static_cast<int64_t>(got)));
+}
+
+// Checks the lists and builds the working set. All tensors must be on `device`; steps are 1-element
+// float32 tensors on that device (the optimizer keeps them there, as torch's fused Adam does).
+inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                    at::TensorList max_exp_avg_sqs, at::TensorList steps, bool amsgrad, bool writes_grads) {
+  const size_t n = params.size();
+  check_list_size("grads", grads.size(), n);
+  check_list_size("exp_avgs", exp_avgs.size(), n);
+  check_list_size("exp_avg_sqs", exp_avg_sqs.size(), n);
+  check_list_size("steps", steps.size(), n);
+  if (amsgrad) {
+    check_list_size("max_exp_avg_sqs", max_exp_avg_sqs.size(), n);
+  } else {
+    TORCH_CHECK(max_exp_avg_sqs.empty(), "fastops.fused_adam_: max_exp_avg_sqs must be empty when amsgrad is False");
+  }
+  Work w;
+  w.params.reserve(n);
+  w.grads.reserve(n);
+  w.exp_avgs.reserve(n);
+  w.exp_avg_sqs.reserve(n);
+  w.steps.reserve(n);
+  if (amsgrad) w.max_exp_avg_sqs.reserve(n);
+  if (n == 0) return w;
+  const at::Device device = params[0].device();
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.layout() == at::kStrided, "fastops.fused_adam_: sparse params are not supported");
+    TORCH_CHECK(!p.is_complex(), "fastops.fused_adam_: complex params are not supported (view them as real)");
+    check_floating("fused_adam_", "params", p);
+    check_same_device("fused_adam_", "params", p, "params[0]", params[0]);
+    TORCH_CHECK(grads[i].layout() == at::kStrided,
+                "fastops.fused_adam_: sparse gradients are not supported (use torch.optim.SparseAdam)");
+    const std::pair<const char*, const at::Tensor*> state[] = {
+        {"grads", &grads[i]},
+        {"exp_avgs", &exp_avgs[i]},
+        {"exp_avg_sqs", &exp_avg_sqs[i]},
+        {"max_exp_avg_sqs", amsgrad ? &max_exp_avg_sqs[i] : nullptr},
+    };
+    for (const auto& [arg, t] : state) {
+      if (t == nullptr) continue;
+      check_same_device("fused_adam_", arg, *t, "params", p);
+      check_same_dtype("fused_adam_", arg, *t, "params", p);
+      check_same_shape("fused_adam_", arg, *t, "params", p);
+    }
+    const at::Tensor& s = steps[i];
+    TORCH_CHECK(s.numel() == 1 && s.scalar_type() == at::kFloat && s.device() == device,
+                "fastops.fused_adam_: expected each step to be a 1-element float32 tensor on ", str(device), ", got ",
+                str(s.scalar_type()), " with ", str(s.numel()), " elements on ", str(s.device()));
+
+    at::Tensor wp = p.is_non_overlapping_and_dense() ? p : p.contiguous();
+    if (!wp.is_same(p)) w.copy_back.emplace_back(p, wp);
+    auto working = [&](const at::Tensor& t, bool mutated) {
+      if (same_dense_layout(t, wp)) return t;
+      at::Tensor copy = at::empty_like(wp).copy_(t);
+      if (mutated) w.copy_back.emplace_back(t, copy);
+      return copy;
+    };
+    w.params.push_back(wp);
+    w.grads.push_back(working(grads[i], writes_grads));
+    w.exp_avgs.push_back(working(exp_avgs[i], true));
+    w.exp_avg_sqs.push_back(working(exp_avg_sqs[i], true));
+    if (amsgrad) w.max_exp_avg_sqs.push_back(working(max_exp_avg_sqs[i], true));
+    w.steps.push_back(s);
+  }
+  return w;
+}
+
+// Bias corrections of step t (1-based), in double as torch's single-tensor Adam computes them.
+struct StepScalars {
+  double step_size;         // lr / (1 - beta1^t)
+  double bias_correction2;  // sqrt(1 - beta2^t)
+};
+
+inline StepScalars step_scalars(double lr, double beta1, double beta2, double t) {
+  return {lr / (1.0 - std::pow(beta1, t)), std::sqrt(1.0 - std::pow(beta2, t))};
+}
+
+}  // namespace fastops::adam

@@ -1,0 +1,399 @@
+"""FusedAdam / FusedAdamW: torch.optim.Adam / AdamW with the whole step in one kernel per device.
+
+Each ``step()`` makes one call of ``torch.ops.fastops.fused_adam_`` per param group and device. The
+kernel reads every param, grad and moment once and writes them once (28 bytes per fp32 param), for
+all tensors of the group at once: one multi-tensor launch on CUDA, one parallel loop on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim.optimizer import Optimizer, ParamsT
+
+__all__ = ["FusedAdam", "FusedAdamW", "fused_adam"]
+
+
+def _scalar(name: str, value: float | Tensor) -> float:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"fastops.optim: Tensor {name} must be 1-element, got {value.numel()} elements")
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"fastops.optim: expected {name} to be a float, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_hyper(
+    cls: str, lr: float | Tensor, betas: tuple[Any, Any], eps: float, weight_decay: float
+) -> tuple[float, float]:
+    """torch.optim.Adam's bounds (NaN fails them too); returns betas as floats."""
+    lr_value = _scalar("lr", lr)
+    if not 0.0 <= lr_value < math.inf:
+        raise ValueError(
+            f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected a finite lr >= 0)"
+        )
+    if not 0.0 <= _scalar("eps", eps) < math.inf:
+        raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps} (expected a finite eps >= 0)")
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"fastops.optim.{cls}: betas must be a pair (beta1, beta2), got {betas!r}")
+    beta1, beta2 = _scalar("betas[0]", betas[0]), _scalar("betas[1]", betas[1])
+    for i, beta in enumerate((beta1, beta2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(
+                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {beta} (expected [0, 1))"
+            )
+    if not 0.0 <= _scalar("weight_decay", weight_decay) < math.inf:
+        raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {weight_decay} (expected >= 0)")
+    return beta1, beta2
+
+
+def fused_adam(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    max_exp_avg_sqs: list[Tensor],
+    state_steps: list[Tensor],
+    *,
+    lr: float | Tensor,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    capturable: bool = False,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+) -> None:
+    """Functional Adam/AdamW step over lists of tensors (one kernel call per device).
+
+    Same arguments as ``torch.optim.adam.adam`` with ``fused=True``; ``state_steps`` are float32
+    0-d tensors on each param's device and are incremented here (not by the caller), except when
+    ``found_inf`` is nonzero: then params, grads, state and steps are all left untouched. With
+    ``grad_scale`` the grads are divided by it and written back unscaled, as torch's fused Adam does.
+    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. Nothing here reads device memory on the host.
+    See ``fastops.reference.fused_adam.adam_step`` for the plain-PyTorch equivalent.
+    """
+    if not params:
+        return
+    devices: dict[torch.device, list[int]] = {}
+    for i, p in enumerate(params):
+        devices.setdefault(p.device, []).append(i)
+    for device, idx in devices.items():
+        if len(devices) == 1:
+            sel = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+        else:
+            sel = tuple(
+                [lst[i] for i in idx] if lst else []
+                for lst in (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+            )
+        lr_tensor: Tensor | None = None
+        lr_float = 0.0
+        if isinstance(lr, Tensor):
+            if lr.device == device:
+                lr_tensor = lr
+            elif lr.device.type == "cpu":
+                if capturable:
+                    raise RuntimeError(
+                        "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
+                        f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
+                    )
+                lr_float = float(lr.item())  # a host read of host memory: no device sync
+            else:
+                lr_tensor = lr.to(device, non_blocking=True)
+        else:
+            lr_float = float(lr)
+        scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
+        inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
+        torch.ops.fastops.fused_adam_.default(
+            *sel,
+            lr_tensor,
+            lr_float,
+            beta1,
+            beta2,
+            weight_decay,
+            eps,
+            amsgrad,
+            maximize,
+            decoupled_weight_decay,
+            scale,
+            inf,
+        )
+
+
+@torch.library.register_fake("fastops::fused_adam_")
+def _fused_adam_fake(
+    params: list[Tensor],
+    grads: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    max_exp_avg_sqs: list[Tensor],
+    steps: list[Tensor],
+    lr_tensor: Tensor | None,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+    eps: float,
+    amsgrad: bool,
+    maximize: bool,
+    decoupled_weight_decay: bool,
+    grad_scale: Tensor | None = None,
+    found_inf: Tensor | None = None,
+) -> None:
+    n = len(params)
+    for name, lst in (
+        ("grads", grads),
+        ("exp_avgs", exp_avgs),
+        ("exp_avg_sqs", exp_avg_sqs),
+        ("steps", steps),
+    ):
+        torch._check(
+            len(lst) == n, lambda name=name: f"fastops.fused_adam_: expected one {name} tensor per param"
+        )
+    torch._check(
+        len(max_exp_avg_sqs) == (n if amsgrad else 0),
+        lambda: "fastops.fused_adam_: max_exp_avg_sqs must hold one tensor per param with amsgrad, else none",
+    )
+    return None
+
+
+class FusedAdam(Optimizer):
+    r"""torch.optim.Adam with the step fused into one kernel per device (CPU and CUDA).
+
+    Drop-in for ``torch.optim.Adam``: same arguments, defaults, math (L2 weight decay added to the
+    gradient; ``decoupled_weight_decay=True`` gives AdamW), param groups, and ``state_dict`` layout
+    (per param ``step``, ``exp_avg``, ``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``), so a
+    checkpoint written by torch.optim.Adam loads here and continues identically, and the reverse.
+
+    Args:
+        params: iterable of parameters or param-group dicts (each group may override any argument).
+        lr: learning rate, a float or a 1-element tensor (a scheduler may change it between steps).
+        betas: (beta1, beta2) in [0, 1). eps, weight_decay: >= 0.
+        amsgrad: keep the running maximum of the second moment and normalise by it.
+        maximize: ascend instead of descend.
+        capturable: the step is always free of host syncs (``step`` lives on the param's device,
+            as in torch's fused Adam, and a Tensor lr on that device is read by the kernel); with
+            ``capturable=True`` a CPU tensor lr for CUDA params is refused, since a CUDA graph would
+            replay the value read at capture. Capture a whole training step with
+            ``torch.cuda.graph`` after a few warm-up steps on a side stream, as for torch's Adam.
+        foreach, fused, differentiable: accepted for signature compatibility; this optimizer is
+            always fused and not differentiable (``foreach=True``, ``fused=False`` or
+            ``differentiable=True`` raise).
+
+    Dtypes: float32, float16 and bfloat16 params (float64 on the CPU); the math runs in float32
+    (float64 for float64 params) and the state has the param's dtype, as in torch. Params of one
+    group may mix devices and dtypes. Gradients must be dense and real: sparse gradients and
+    complex params raise. Under ``torch.amp.GradScaler`` the scale is divided out inside the kernel
+    (``_step_supports_amp_scaling``): grads are written back unscaled, and when an inf/NaN was found
+    the whole step is skipped on the device, with the step count left as it was.
+    """
+
+    _decoupled_default = False
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+    ) -> None:
+        cls = type(self).__name__
+        if isinstance(lr, Tensor) and lr.numel() != 1:
+            raise ValueError(f"fastops.optim.{cls}: Tensor lr must be 1-element")
+        beta1, beta2 = _check_hyper(cls, lr, betas, eps, weight_decay)
+        if foreach:
+            raise ValueError(f"fastops.optim.{cls} is fused; foreach=True is not supported")
+        if fused is False:
+            raise ValueError(f"fastops.optim.{cls} is always fused; use torch.optim for fused=False")
+        if differentiable:
+            raise ValueError(f"fastops.optim.{cls} does not support differentiable=True")
+        defaults = {
+            "lr": lr,
+            "betas": (beta1, beta2),
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+            "foreach": foreach,
+            "capturable": capturable,
+            "differentiable": False,
+            "fused": fused,
+            "decoupled_weight_decay": decoupled_weight_decay,
+        }
+        super().__init__(params, defaults)
+        # torch.amp.GradScaler then hands us grad_scale / found_inf instead of unscaling itself.
+        self._step_supports_amp_scaling = True
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        # Checked before the group is added, so a rejected group leaves the optimizer as it was.
+        merged = {**self.defaults, **param_group}
+        if isinstance(merged["lr"], Tensor) and merged["lr"].numel() != 1:
+            raise ValueError(f"fastops.optim.{type(self).__name__}: Tensor lr must be 1-element")
+        betas = _check_hyper(
+            type(self).__name__, merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"]
+        )
+        if "betas" in param_group:
+            param_group = {**param_group, "betas": betas}
+        super().add_param_group(param_group)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Also runs at the end of load_state_dict: fill in keys older checkpoints lack and move each
+        # step to its param's device as float32 (torch.optim.Adam keeps it on the CPU by default).
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("amsgrad", False)
+            group.setdefault("maximize", False)
+            group.setdefault("foreach", None)
+            group.setdefault("capturable", False)
+            group.setdefault("differentiable", False)
+            group.setdefault("fused", None)
+            group.setdefault("decoupled_weight_decay", self._decoupled_default)
+            if self._decoupled_default:
+                group["decoupled_weight_decay"] = True
+            for p in group["params"]:
+                p_state = self.state.get(p)
+                if p_state and "step" in p_state:
+                    # A copy: load_state_dict hands over the source's own step tensor otherwise.
+                    step = torch.as_tensor(p_state["step"]).detach()
+                    p_state["step"] = step.to(dtype=torch.float32, device=p.device, copy=True).reshape(())
+
+    def _init_group(
+        self,
+        group: dict[str, Any],
+        params: list[Tensor],
+        grads: list[Tensor],
+        exp_avgs: list[Tensor],
+        exp_avg_sqs: list[Tensor],
+        max_exp_avg_sqs: list[Tensor],
+        state_steps: list[Tensor],
+    ) -> bool:
+        """Collects the params with a grad and their state, creating the state on first use
+        (torch.optim.Adam's _init_group contract, which torch.compile runs eagerly)."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError(
+                    f"fastops.optim.{type(self).__name__} does not support sparse gradients, "
+                    "please consider torch.optim.SparseAdam instead"
+                )
+            if torch.is_complex(p):
+                raise RuntimeError(
+                    f"fastops.optim.{type(self).__name__} does not support complex params; "
+                    "optimize torch.view_as_real(p) or use torch.optim.Adam"
+                )
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif group["amsgrad"] and "max_exp_avg_sq" not in state:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            params.append(p)
+            grads.append(p.grad)
+            exp_avgs.append(state["exp_avg"])
+            exp_avg_sqs.append(state["exp_avg_sq"])
+            if group["amsgrad"]:
+                max_exp_avg_sqs.append(state["max_exp_avg_sq"])
+            state_steps.append(state["step"])
+        return False
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One optimisation step for every param with a grad. closure: re-evaluates the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        # Set by torch.amp.GradScaler.step for the duration of this call (None after unscale_()).
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            params: list[Tensor] = []
+            grads: list[Tensor] = []
+            exp_avgs: list[Tensor] = []
+            exp_avg_sqs: list[Tensor] = []
+            max_exp_avg_sqs: list[Tensor] = []
+            state_steps: list[Tensor] = []
+            self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+            beta1, beta2 = group["betas"]
+            fused_adam(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                max_exp_avg_sqs,
+                state_steps,
+                lr=group["lr"],
+                beta1=float(beta1),
+                beta2=float(beta2),
+                weight_decay=float(group["weight_decay"]),
+                eps=float(group["eps"]),
+                amsgrad=group["amsgrad"],
+                maximize=group["maximize"],
+                decoupled_weight_decay=group["decoupled_weight_decay"],
+                capturable=group["capturable"],
+                grad_scale=grad_scale,
+                found_inf=found_inf,
+            )
+        return loss
+
+
+class FusedAdamW(FusedAdam):
+    r"""torch.optim.AdamW (decoupled weight decay, default ``weight_decay=1e-2``) fused; see FusedAdam.
+
+    ``p *= 1 - lr * weight_decay`` before the Adam update, as in torch.optim.AdamW; state_dicts are
+    interchangeable with torch.optim.AdamW's.
+    """
+
+    _decoupled_default = True
+
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float | Tensor, float | Tensor] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+        )

@@ -1,0 +1,624 @@
+"""fastops.optim.FusedAdam / FusedAdamW against torch.optim.Adam / AdamW(foreach=False), on every device."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+
+from fastops import reference
+from fastops.optim import FusedAdam, FusedAdamW
+from fastops.optim.fused_adam import fused_adam
+from tests.helpers import HALF_DTYPES, devices, ulp_floor
+
+# 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
+SHAPES = [(7, 5), (), (0,), (300, 257), (3, 0, 2), (33,), (1, 17), (0,)]
+STEPS = 8
+PAIRS = {"adam": (torch.optim.Adam, FusedAdam), "adamw": (torch.optim.AdamW, FusedAdamW)}
+
+
+def _params(
+    device: str, dtype: torch.dtype = torch.float32, shapes=SHAPES, seed: int = 0
+) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype) for s in shapes]
+
+
+def _grads(params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    """Gradients independent of the params (so runs in different precisions see the same ones)."""
+    gen = torch.Generator().manual_seed(1000 + step)
+    return [
+        torch.randn(p.shape, generator=gen, dtype=torch.float64).to(device=p.device, dtype=p.dtype)
+        for p in params
+    ]
+
+
+def _leaves(tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    return [t.detach().clone().to(dtype or t.dtype).requires_grad_(True) for t in tensors]
+
+
+def _groups(params: list[torch.Tensor], lr: float | torch.Tensor, **extra) -> list[dict]:
+    """Two groups; the second overrides lr, betas and eps."""
+    second_lr = lr * 0.5 if not isinstance(lr, torch.Tensor) else lr.clone() * 0.5
+    return [
+        {"params": params[:4], **extra},
+        {"params": params[4:], "lr": second_lr, "betas": (0.8, 0.99), "eps": 1e-6, **extra},
+    ]
+
+
+def _run(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: int, start: int = 0) -> None:
+    for k in range(start, start + steps):
+        for p, g in zip(params, _grads(params, k), strict=True):
+            p.grad = g.to(p.dtype)
+        opt.step()
+
+
+def _assert_state_equal(ours: torch.optim.Optimizer, theirs: torch.optim.Optimizer, **tol) -> None:
+    for (p_ours, s_ours), (p_theirs, s_theirs) in zip(ours.state.items(), theirs.state.items(), strict=True):
+        assert s_ours.keys() == s_theirs.keys()
+        for key in s_ours:
+            a, b = s_ours[key], s_theirs[key]
+            assert a.shape == b.shape and a.dtype == b.dtype, key
+            torch.testing.assert_close(a.cpu(), b.cpu(), msg=lambda m, key=key: f"state {key}: {m}", **tol)
+        torch.testing.assert_close(p_ours, p_theirs, **tol)
+
+
+@devices
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+@pytest.mark.parametrize("maximize", [False, True], ids=["", "maximize"])
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float_lr", "tensor_lr"])
+def test_matches_torch(
+    device: str, kind: str, weight_decay: float, amsgrad: bool, maximize: bool, tensor_lr: bool
+) -> None:
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params(device)
+    lr = torch.tensor(1e-2) if tensor_lr else 1e-2
+    kwargs = {"weight_decay": weight_decay, "amsgrad": amsgrad, "maximize": maximize}
+    ours, theirs = _leaves(base), _leaves(base)
+    opt = fast_cls(_groups(ours, lr), **kwargs)
+    ref = torch_cls(_groups(theirs, lr), foreach=False, **kwargs)
+    _run(opt, ours, STEPS)
+    _run(ref, theirs, STEPS)
+    _assert_state_equal(opt, ref)
+    for p, p0 in zip(ours, base, strict=True):
+        if p.numel():
+            assert not torch.equal(p.detach(), p0), "a non-empty param was not updated"
+
+
+@devices
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_empty_last_param_does_not_skip_the_others(device: str, kind: str) -> None:
+    """apex/DeepSpeed-style multi-tensor loops could drop the pending chunk when the last tensor was
+    empty; here every tensor before an empty last one must be updated exactly as torch does."""
+    torch_cls, fast_cls = PAIRS[kind]
+    shapes = [(4097,), (3,), (5, 5), (0,)] + [(2,)] * 5 + [(0,), (0, 3)]
+    base = _params(device, shapes=shapes)
+    ours, theirs = _leaves(base), _leaves(base)
+    opt, ref = fast_cls(ours, lr=1e-2), torch_cls(theirs, lr=1e-2, foreach=False)
+    _run(opt, ours, 3)
+    _run(ref, theirs, 3)
+    _assert_state_equal(opt, ref)
+    assert all(float(opt.state[p]["step"]) == 3 for p in ours)
+
+
+@devices
+def test_many_tensors_and_huge_lists(device: str) -> None:
+    """More tensors than one CUDA launch's argument table holds, empty ones sprinkled in."""
+    shapes = [((i * 7) % 23,) if i % 9 else (0,) for i in range(1300)] + [(70000,), (0,)]
+    base = _params(device, shapes=shapes)
+    ours, theirs = _leaves(base), _leaves(base)
+    opt, ref = FusedAdamW(ours, lr=1e-2), torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    _run(opt, ours, 2)
+    _run(ref, theirs, 2)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@devices
+def test_layouts(device: str) -> None:
+    """Transposed and channels_last params, a non-dense param (a strided view), and grads whose
+    layout differs from their param's: all handled, with the state in the param's layout."""
+    x = torch.randn(6, 10, device=device)
+    params = [
+        torch.randn(5, 7, device=device).t(),
+        torch.randn(2, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last),
+        x[:, ::2],
+        torch.randn(4, 9, device=device),
+    ]
+    # Leaves with the layouts above; params[2] stays a non-dense view of x.
+    ours = [p.detach().clone() if i != 2 else p.detach() for i, p in enumerate(params)]
+    ours = [p.requires_grad_(True) for p in ours]
+    assert not ours[2].is_contiguous() and ours[0].stride() == (1, 7)
+    theirs = [p.detach().clone().requires_grad_(True) for p in ours]
+    opt, ref = (
+        FusedAdam(ours, lr=1e-2, weight_decay=0.1, amsgrad=True),
+        torch.optim.Adam(theirs, lr=1e-2, weight_decay=0.1, amsgrad=True, foreach=False),
+    )
+    for k in range(3):
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            g = _grads([a.detach()], k)[0]
+            if i == 3:
+                g = g.t().contiguous().t()  # column-major grad for a row-major param
+            a.grad, b.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    _assert_state_equal(opt, ref)
+    assert opt.state[ours[0]]["exp_avg"].stride() == ours[0].stride()
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_float64_cpu(kind: str) -> None:
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params("cpu", torch.float64)
+    ours, theirs = _leaves(base), _leaves(base)
+    opt = fast_cls(ours, lr=1e-2, weight_decay=0.05, amsgrad=True)
+    ref = torch_cls(theirs, lr=1e-2, weight_decay=0.05, amsgrad=True, foreach=False)
+    _run(opt, ours, STEPS)
+    _run(ref, theirs, STEPS)
+    _assert_state_equal(opt, ref, rtol=1e-12, atol=1e-12)
+
+
+@devices
+def test_mixed_dtypes_in_one_group(device: str) -> None:
+    base = _params(device)
+    ours = _leaves(base[:4]) + _leaves(base[4:], torch.bfloat16)
+    theirs = [p.detach().clone().requires_grad_(True) for p in ours]
+    opt, ref = FusedAdamW(ours, lr=1e-2), torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    _run(opt, ours, 2)
+    _run(ref, theirs, 2)
+    for a, b in zip(ours[:4], theirs[:4], strict=True):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(ours[4:], theirs[4:], strict=True):
+        assert a.dtype == torch.bfloat16 and opt.state[a]["exp_avg"].dtype == torch.bfloat16
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@devices
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_half_precision_2x_rule(device: str, dtype: torch.dtype, kind: str, amsgrad: bool) -> None:
+    """fp16/bf16 params and state: per tensor, our max error against a float64 run of the same
+    steps is at most twice that of torch.optim in the same dtype (plus one ulp of the values)."""
+    torch_cls, fast_cls = PAIRS[kind]
+    base = [p * 0.1 for p in _params(device, dtype)]
+    kwargs = {"lr": 1e-2, "weight_decay": 0.1, "amsgrad": amsgrad, "eps": 1e-4}
+    ours, theirs, exact = _leaves(base), _leaves(base), _leaves(base, torch.float64)
+    opt, ref = fast_cls(ours, **kwargs), torch_cls(theirs, foreach=False, **kwargs)
+    ref64 = torch_cls(exact, foreach=False, **kwargs)
+    for k in range(STEPS):
+        grads = _grads(ours, k)  # rounded to dtype once; the float64 run sees the same values
+        for a, b, c, g in zip(ours, theirs, exact, grads, strict=True):
+            a.grad, b.grad, c.grad = g.clone(), g.clone(), g.double()
+        opt.step()
+        ref.step()
+        ref64.step()
+    names = ["param"] + ["exp_avg", "exp_avg_sq"]
+    for i, (a, b, c) in enumerate(zip(ours, theirs, exact, strict=True)):
+        if a.numel() == 0:
+            continue
+        trios = [(a, b, c)] + [(opt.state[a][n], ref.state[b][n], ref64.state[c][n]) for n in names[1:]]
+        for name, (x, y, z) in zip(names, trios, strict=True):
+            ours_err = (x.double() - z).abs().max().item()
+            torch_err = (y.double() - z).abs().max().item()
+            allowed = 2 * max(torch_err, ulp_floor(dtype) * z.abs().max().item()) + 1e-7
+            assert ours_err <= allowed, (
+                f"tensor {i} {name}: error {ours_err:.3e} > 2x torch's {torch_err:.3e}"
+            )
+
+
+def _functional_args(device: str, amsgrad: bool = False) -> tuple[list[list[torch.Tensor]], dict]:
+    params = _params(device)
+    lists = [
+        params,
+        _grads(params, 0),
+        [torch.randn_like(p) * 0.1 for p in params],
+        [torch.rand_like(p) * 0.1 for p in params],
+        [torch.rand_like(p) * 0.2 for p in params] if amsgrad else [],
+        [torch.full((), 3.0, device=device) for _ in params],
+    ]
+    hyper = {
+        "lr": 1e-2,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "weight_decay": 0.01,
+        "eps": 1e-8,
+        "amsgrad": amsgrad,
+        "maximize": False,
+        "decoupled_weight_decay": True,
+    }
+    return lists, hyper
+
+
+def _clone_lists(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    return [[t.clone() for t in lst] for lst in lists]
+
+
+@devices
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_found_inf_skips_everything(device: str, amsgrad: bool) -> None:
+    lists, hyper = _functional_args(device, amsgrad)
+    before = _clone_lists(lists)
+    scale = torch.tensor(8.0, device=device)
+    fused_adam(*lists, **hyper, grad_scale=scale, found_inf=torch.ones((), device=device))
+    for lst, old in zip(lists, before, strict=True):
+        for t, t0 in zip(lst, old, strict=True):
+            assert torch.equal(t, t0), "found_inf: a tensor (or a step) changed"
+    # found_inf == 0: a normal step (and the steps advance).
+    expected = _clone_lists(lists)
+    fused_adam(*lists, **hyper, grad_scale=scale, found_inf=torch.zeros((), device=device))
+    reference.adam_step(*expected, **hyper, grad_scale=scale, found_inf=torch.zeros(()))
+    for lst, exp in zip(lists, expected, strict=True):
+        for t, e in zip(lst, exp, strict=True):
+            torch.testing.assert_close(t, e)
+    assert all(float(s) == 4.0 for s in lists[5])
+
+
+@devices
+def test_grad_scale_unscales_and_writes_grads_back(device: str) -> None:
+    lists, hyper = _functional_args(device)
+    scale = torch.tensor(1024.0, device=device)
+    expected = _clone_lists(lists)
+    lists[1] = [g * 1024 for g in lists[1]]
+    fused_adam(*lists, **hyper, grad_scale=scale)
+    reference.adam_step(*expected, **hyper)
+    for lst, exp in zip(lists, expected, strict=True):
+        for t, e in zip(lst, exp, strict=True):
+            torch.testing.assert_close(t, e)  # grads included: written back unscaled, as torch's fused Adam
+
+
+def _amp_model(device: str) -> torch.nn.Module:
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to(device)
+
+
+@devices
+@pytest.mark.parametrize("unscale_first", [False, True], ids=["scaler_step", "unscale_clip_step"])
+def test_grad_scaler(device: str, unscale_first: bool) -> None:
+    """A real torch.amp.GradScaler: ours gets grad_scale/found_inf (or, after unscale_(), found_inf
+    only); torch.optim.AdamW is unscaled by the scaler itself. One step has an inf gradient."""
+    runs = {}
+    for name, cls in (("ours", FusedAdamW), ("torch", torch.optim.AdamW)):
+        model = _amp_model(device)
+        opt = (
+            cls(model.parameters(), lr=1e-2)
+            if name == "ours"
+            else cls(model.parameters(), lr=1e-2, foreach=False)
+        )
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**12, growth_interval=2)
+        gen = torch.Generator().manual_seed(5)
+        for k in range(6):
+            x = torch.randn(8, 16, generator=gen).to(device)
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            if k == 2:
+                model[0].weight.grad[0, 0] = math.inf
+            if unscale_first:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            scaler.step(opt)
+            scaler.update()
+        assert not hasattr(opt, "grad_scale") and not hasattr(opt, "found_inf")
+        runs[name] = (model, opt, scaler.get_scale())
+    (ours, opt, scale), (theirs, ref, ref_scale) = runs["ours"], runs["torch"]
+    assert scale == ref_scale
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+        assert (
+            float(opt.state[a]["step"]) == float(ref.state[b]["step"]) == 5.0
+        )  # the inf step is not counted
+        torch.testing.assert_close(a.grad, b.grad)  # grads end unscaled either way
+
+
+def _checkpoint(state_dict: dict) -> dict:
+    """Through torch.save / torch.load, as a real checkpoint travels."""
+    buffer = io.BytesIO()
+    torch.save(state_dict, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)
+
+
+@devices
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_state_dict_round_trips(device: str, kind: str) -> None:
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params(device)
+    kwargs = {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.02}
+    # torch -> fastops: 3 steps in torch, load into fastops, 4 more steps in each.
+    a, b = _leaves(base), _leaves(base)
+    ref = torch_cls(_groups(a, 1e-2), foreach=False, **kwargs)
+    _run(ref, a, 3)
+    ours = fast_cls(_groups(b, 1e-2), **kwargs)
+    with torch.no_grad():
+        for p, q in zip(a, b, strict=True):
+            q.copy_(p)
+    sd = _checkpoint(ref.state_dict())
+    ours.load_state_dict(sd)
+    for key in sd["state"]:
+        assert set(ours.state_dict()["state"][key]) == set(sd["state"][key])
+    assert ours.state_dict()["param_groups"][1].keys() == sd["param_groups"][1].keys()
+    _run(ref, a, 4, start=3)
+    _run(ours, b, 4, start=3)
+    _assert_state_equal(ours, ref)
+    # fastops -> torch: load ours into a fresh torch optimizer and continue both.
+    c = _leaves([p.detach() for p in b])
+    ref2 = torch_cls(_groups(c, 1e-2), foreach=False, **kwargs)
+    ref2.load_state_dict(_checkpoint(ours.state_dict()))
+    _run(ours, b, 3, start=7)
+    _run(ref2, c, 3, start=7)
+    _assert_state_equal(ours, ref2)
+
+
+def test_state_dict_layout_matches_torch() -> None:
+    base = _params("cpu")
+    for torch_cls, fast_cls in PAIRS.values():
+        a, b = _leaves(base), _leaves(base)
+        ours, ref = fast_cls(a, amsgrad=True), torch_cls(b, amsgrad=True, foreach=False)
+        _run(ours, a, 1)
+        _run(ref, b, 1)
+        sd_ours, sd_ref = ours.state_dict(), ref.state_dict()
+        assert sd_ours["param_groups"][0].keys() == sd_ref["param_groups"][0].keys()
+        for key, state in sd_ref["state"].items():
+            layout = {k: (v.dtype, v.shape, v.device) for k, v in state.items()}
+            assert {k: (v.dtype, v.shape, v.device) for k, v in sd_ours["state"][key].items()} == layout
+
+
+@devices
+def test_tensor_lr_updated_in_place_and_params_without_grad(device: str) -> None:
+    base = _params(device)
+    lr_a, lr_b = torch.tensor(1e-2), torch.tensor(1e-2)
+    ours, theirs = _leaves(base), _leaves(base)
+    opt, ref = FusedAdam(ours, lr=lr_a), torch.optim.Adam(theirs, lr=lr_b, foreach=False)
+    for k in range(4):
+        for i, (p, q, g) in enumerate(zip(ours, theirs, _grads(ours, k), strict=True)):
+            skip = i == 0 and k % 2 == 0  # a param with no grad this step: no update, no step count
+            p.grad, q.grad = (None, None) if skip else (g.clone(), g.clone())
+        opt.step()
+        ref.step()
+        lr_a.mul_(0.5)
+        lr_b.mul_(0.5)
+    _assert_state_equal(opt, ref)
+    assert float(opt.state[ours[0]]["step"]) == 2.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"lr": -1e-3}, "learning rate"),
+        ({"lr": math.nan}, "learning rate"),
+        ({"betas": (1.0, 0.999)}, "beta parameter at index 0"),
+        ({"betas": (0.9, -0.1)}, "beta parameter at index 1"),
+        ({"eps": -1e-8}, "epsilon"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"lr": torch.ones(2)}, "1-element"),
+        ({"foreach": True}, "foreach"),
+        ({"fused": False}, "fused"),
+        ({"differentiable": True}, "differentiable"),
+    ],
+)
+def test_bad_hyperparameters(kwargs: dict, match: str) -> None:
+    p = torch.zeros(3, requires_grad=True)
+    for cls in (FusedAdam, FusedAdamW):
+        with pytest.raises(ValueError, match=match):
+            cls([p], **kwargs)
+        opt = cls([p])
+        bad_group = {"params": [torch.zeros(2, requires_grad=True)], **kwargs}
+        if "lr" in kwargs or "betas" in kwargs or "eps" in kwargs or "weight_decay" in kwargs:
+            with pytest.raises(ValueError, match=match):
+                opt.add_param_group(bad_group)
+            assert len(opt.param_groups) == 1
+
+
+def test_bad_hyperparameters_at_step() -> None:
+    """A group changed after construction (by hand or by a loaded checkpoint) fails at step()."""
+    p = torch.zeros(3, requires_grad=True)
+    opt = FusedAdam([p])
+    p.grad = torch.ones(3)
+    opt.param_groups[0]["betas"] = (1.5, 0.999)
+    with pytest.raises(RuntimeError, match=r"fused_adam_: expected beta1 in \[0, 1\)"):
+        opt.step()
+    opt.param_groups[0]["betas"] = (0.9, 0.999)
+    opt.param_groups[0]["lr"] = -1.0
+    with pytest.raises(RuntimeError, match="expected lr >= 0"):
+        opt.step()
+
+
+def test_sparse_grads_and_complex_params_are_rejected() -> None:
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse gradients"):
+        FusedAdam(emb.parameters()).step()
+    z = torch.zeros(3, dtype=torch.complex64, requires_grad=True)
+    z.grad = torch.ones(3, dtype=torch.complex64)
+    with pytest.raises(RuntimeError, match="complex params"):
+        FusedAdam([z]).step()
+    # The raw op says the same without the optimizer in front.
+    lists, hyper = _functional_args("cpu")
+    lists[0] = [p.to(torch.complex64) for p in lists[0]]
+    with pytest.raises(RuntimeError, match="complex params are not supported"):
+        torch.ops.fastops.fused_adam_(*lists, None, *hyper.values())
+
+
+def test_raw_op_checks_lists() -> None:
+    lists, hyper = _functional_args("cpu")
+    bad = _clone_lists(lists)
+    bad[2] = bad[2][:-1]
+    with pytest.raises(RuntimeError, match="expected exp_avgs to hold one tensor per param"):
+        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
+    bad = _clone_lists(lists)
+    bad[1][0] = bad[1][0].double()
+    with pytest.raises(RuntimeError, match="expected grads to have the dtype of params"):
+        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
+    bad = _clone_lists(lists)
+    bad[5][1] = bad[5][1].double()
+    with pytest.raises(RuntimeError, match="1-element float32 tensor"):
+        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
+
+
+def test_opcheck() -> None:
+    lists, hyper = _functional_args("cpu", amsgrad=True)
+    lists = [[t for t, shape in zip(lst, SHAPES, strict=False) if shape != (0,)] for lst in lists]
+    torch.library.opcheck(
+        torch.ops.fastops.fused_adam_.default,
+        (*lists, None, *hyper.values()),
+        {"grad_scale": torch.tensor(2.0), "found_inf": torch.tensor(0.0)},
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+def test_version_counters_are_bumped() -> None:
+    """Like torch's in-place updates: autograd notices a param that was stepped after being saved."""
+    w = torch.randn(4, requires_grad=True)
+    opt = FusedAdam([w])
+    w.grad = torch.ones(4)
+    y = (w * w).sum()  # saves w for backward
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+@devices
+def test_torch_compile_step(device: str) -> None:
+    torch._dynamo.reset()
+    base = _params(device, shapes=[(7, 5), (), (33,), (0,)])
+    ours, theirs = _leaves(base), _leaves(base)
+    opt = FusedAdamW(ours, lr=1e-2, amsgrad=True)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, amsgrad=True, foreach=False)
+
+    @torch.compile(fullgraph=True)
+    def step() -> None:
+        opt.step()
+
+    for k in range(3):
+        for p, q, g in zip(ours, theirs, _grads(ours, k), strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        step()
+        ref.step()
+    _assert_state_equal(opt, ref)
+
+
+# --- CUDA only: capturable semantics and CUDA graphs -------------------------------------------------
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda_only
+def test_capturable_refuses_cpu_tensor_lr_for_cuda_params() -> None:
+    p = torch.zeros(3, device="cuda", requires_grad=True)
+    p.grad = torch.ones(3, device="cuda")
+    with pytest.raises(RuntimeError, match="capturable=True a Tensor lr must live"):
+        FusedAdam([p], lr=torch.tensor(1e-3), capturable=True).step()
+    FusedAdam([p], lr=torch.tensor(1e-3)).step()  # without capturable the CPU value is read on the host
+
+
+@cuda_only
+def test_cuda_graph_capture_of_a_training_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64).cuda()
+    ref_model = torch.nn.Linear(64, 64).cuda()
+    ref_model.load_state_dict(model.state_dict())
+    lr = torch.tensor(1e-2, device="cuda")
+    opt = FusedAdamW(model.parameters(), lr=lr, capturable=True)
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-2, foreach=False)
+    x = torch.randn(16, 64, device="cuda")
+
+    def train_step() -> None:
+        opt.zero_grad(set_to_none=False)
+        model(x).square().mean().backward()
+        opt.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up (creates the state) outside the graph
+            train_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        train_step()
+    for _ in range(3):
+        ref.zero_grad()
+        ref_model(x).square().mean().backward()
+        ref.step()
+    for _ in range(4):
+        graph.replay()
+        ref.zero_grad()
+        ref_model(x).square().mean().backward()
+        ref.step()
+    torch.cuda.synchronize()
+    # Capturing records the step without running it: 3 warm-up steps + 4 replays ran, as in the reference.
+    assert float(opt.state[model.weight]["step"]) == 7.0
+    for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+# --- DDP --------------------------------------------------------------------------------------------
+
+
+def _ddp_worker(rank: int, world_size: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import fastops.optim as fo
+
+    dist.init_process_group(
+        "gloo",
+        # A file store: no port to race for, and no rank hosting a store the other still needs.
+        init_method=f"file://{os.path.join(out_dir, 'rendezvous')}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        ref_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        ref_model.load_state_dict(model.state_dict())
+        ddp, ref_ddp = DDP(model), DDP(ref_model)
+        opt = fo.FusedAdamW(ddp.parameters(), lr=1e-2)
+        ref = torch.optim.AdamW(ref_ddp.parameters(), lr=1e-2, foreach=False)
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+        for _ in range(5):
+            x = torch.randn(4, 8, generator=gen)
+            for net, o in ((ddp, opt), (ref_ddp, ref)):
+                o.zero_grad()
+                net(x).square().mean().backward()
+                o.step()
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        ref_flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
+        gathered = [torch.empty_like(flat) for _ in range(world_size)]
+        dist.all_gather(gathered, flat)
+        torch.save(
+            {"flat": flat, "ref": ref_flat, "gathered": gathered}, os.path.join(out_dir, f"rank{rank}.pt")
+        )
+        dist.barrier()  # neither rank tears down while the other is still talking
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_gloo_two_processes_identical_params() -> None:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(_ddp_worker, args=(2, out_dir), nprocs=2, join=False, start_method="spawn")
+        deadline = 150.0
+        waited = 0.0
+        while not ctx.join(timeout=5):
+            waited += 5
+            if waited >= deadline:
+                for proc in ctx.processes:
+                    proc.kill()
+                pytest.fail("DDP workers did not finish within the timeout")
+        results = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(2)]
+    assert torch.equal(results[0]["gathered"][0], results[0]["gathered"][1])  # both ranks, bit-identical
+    assert torch.equal(results[0]["flat"], results[1]["flat"])
+    for r in results:
+        torch.testing.assert_close(r["flat"], r["ref"])  # and what torch.optim.AdamW computes
