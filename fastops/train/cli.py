@@ -174,26 +174,58 @@ def compare_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def _fit_in_child(cfg: TrainConfig, queue: Any) -> None:
+    from fastops.train.trainer import Trainer
+
+    try:
+        queue.put(("ok", Trainer(cfg).fit()))
+    except BaseException as e:  # report, then let the parent raise
+        queue.put(("error", f"{type(e).__name__}: {e}"))
+
+
+def _fit_isolated(cfg: TrainConfig) -> dict[str, Any]:
+    """Run one leg of --compare in a fresh process, so its peak memory (the process's peak RSS on
+    the CPU) is its own and not the maximum over both legs."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_fit_in_child, args=(cfg, queue))
+    proc.start()
+    status, payload = queue.get()
+    proc.join()
+    if status != "ok":
+        raise RuntimeError(
+            f"fastops.train --compare: the {'fastops' if cfg.fastops else 'stock'} run failed: {payload}"
+        )
+    return payload
+
+
 def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
+    """Train the fastops and the stock model with the same settings and seed; table + bar chart.
+
+    Single process: each leg runs in its own spawned process (clean peak-memory numbers). Under
+    torchrun the legs run one after the other in the ranks' processes; CUDA peak memory is reset
+    per leg, CPU peak RSS is then the maximum over the legs so far.
+    """
     from fastops.train import distributed
     from fastops.train.metrics import write_json
     from fastops.train.plots import plot_compare
     from fastops.train.trainer import Trainer
 
+    info = distributed.setup(cfg.resolved_device())
     results: dict[str, dict[str, Any]] = {}
     for name, use_fastops in (("fastops", True), ("stock", False)):
         sub = cfg.replace(fastops=use_fastops, out_dir=Path(cfg.out_dir) / name)
-        trainer = Trainer(sub)
-        results[name] = trainer.fit()
-        is_main = trainer.is_main
-    if is_main:
+        results[name] = Trainer(sub).fit() if info.enabled else _fit_isolated(sub)
+    if info.is_main:
         table = compare_table(results)
         print(table)
         (Path(cfg.out_dir) / "compare.md").write_text(table + "\n")
         write_json(Path(cfg.out_dir) / "compare.json", results)
         plot_compare(results, Path(cfg.out_dir) / "compare.png")
         print(f"wrote {Path(cfg.out_dir) / 'compare.png'}")
-    distributed.barrier(trainer.dist)
+    distributed.barrier(info)
     return results
 
 

@@ -62,6 +62,7 @@ class Trainer:
         if self.device.type == "cuda":
             # Fixed input shapes: let cuDNN time its algorithms once and keep the fastest.
             torch.backends.cudnn.benchmark = True
+            torch.cuda.reset_peak_memory_stats(self.device)  # peak_memory_mb is this run's
 
         self.data = build_data(cfg, rank=self.dist.rank, world_size=self.dist.world_size, device=self.device)
         self.steps_per_epoch = len(self.data.train) // cfg.accum_steps

@@ -28,13 +28,13 @@ def test_main_job_smoke_run(tmp_path, capsys) -> None:  # noqa: ANN001
 
 
 def test_compare_writes_table_and_chart(tmp_path, capsys) -> None:  # noqa: ANN001
-    assert main([*TINY, "--compare", "--amp", "bf16", "--out-dir", str(tmp_path)]) == 0
+    assert main([*TINY, "--compare", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| fastops |" in out and "| stock |" in out and "fastops / stock throughput" in out
     assert (tmp_path / "compare.png").is_file() and (tmp_path / "compare.md").is_file()
     results = json.loads((tmp_path / "compare.json").read_text())
     assert results["fastops"]["fastops"] is True and results["stock"]["fastops"] is False
-    assert results["stock"]["amp"] == "bf16"
+    assert results["stock"]["amp"] == "none"
 
 
 @pytest.mark.parametrize(
