@@ -46,6 +46,7 @@ class TrainConfig:
     channels_last: bool | None = None  # None: on for CUDA, off for CPU
     compile: bool = False
     num_workers: int = 0
+    threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 keeps torch's default
     nonfinite: str = "stop"  # what a NaN/inf loss does: stop the run, or skip steps (fp16 scaler)
     log_every: int = 20  # steps between progress-bar/NaN checks (the only host syncs of a step)
     profile: bool = False  # write a torch.profiler trace of a few steps into the run dir
@@ -90,6 +91,7 @@ class TrainConfig:
         need(self.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {self.grad_clip}")
         need(self.patience >= 0, f"--patience must be >= 0 (0 disables), got {self.patience}")
         need(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
+        need(self.threads >= 0, f"--threads must be >= 0 (0: torch's default), got {self.threads}")
         need(
             self.stop_after_epoch is None or self.stop_after_epoch >= 1,
             f"--stop-after-epoch must be >= 1, got {self.stop_after_epoch}",

@@ -53,6 +53,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg.validate()
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
         self.dist = distributed.setup(cfg.resolved_device())
         self.device = self.dist.device
         self.is_main = self.dist.is_main

@@ -157,22 +157,22 @@ def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None
     for step on the main job's model and data."""
     from fastops.train.data import digits_tensors
 
-    x, y = digits_tensors(16)["train"]
+    x, y = digits_tensors(8)["train"]
     losses = {}
     for use_fastops in (False, True):
-        cfg = tiny_config(tmp_path, fastops=use_fastops, image_size=16, dropout=0.0)
+        cfg = tiny_config(tmp_path, fastops=use_fastops, lr=1e-2)
         torch.manual_seed(0)
-        model = ConvNet(1, 10, image_size=16, width=8, dropout=0.0)
+        model = ConvNet(1, 10, image_size=8, width=16, dropout=0.0)
         if use_fastops:
             fastops.swap_modules(model)
         opt = make_optimizer(model, cfg)
         scaler = amp.make_scaler("none", torch.device("cpu"))
         run = []
-        for step in range(25):
-            i = (step * 48) % (len(y) - 48)
+        for step in range(30):
+            i = (step * 32) % (len(y) - 32)
             r = train_step(
                 model,
-                [(x[i : i + 48], y[i : i + 48])],
+                [(x[i : i + 32], y[i : i + 32])],
                 optimizer=opt,
                 scaler=scaler,
                 autocast=contextlib.nullcontext,
@@ -180,5 +180,5 @@ def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None
             )
             run.append(float(r.loss))
         losses[use_fastops] = torch.tensor(run)
-    assert losses[False][-5:].mean() < 0.7 * losses[False][:5].mean()  # it does learn
-    torch.testing.assert_close(losses[True], losses[False], rtol=2e-3, atol=1e-4)
+    assert losses[False][-5:].mean() < 0.6 * losses[False][:5].mean()  # it does learn
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
