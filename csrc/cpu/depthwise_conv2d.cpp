@@ -72,9 +72,8 @@ inline AVec<T> load_acc(const T* p) {
 template <typename T>
 inline AVec<T> load_acc(const T* p, int64_t count) {
   if constexpr (is_reduced_float_v<T>) {
-    float buf[at::vec::Vectorized<float>::size()] = {};
-    for (int64_t i = 0; i < count; ++i) buf[i] = static_cast<float>(p[i]);
-    return at::vec::Vectorized<float>::loadu(buf);
+    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
   } else {
     return AVec<T>::loadu(p, count);
   }
@@ -84,13 +83,7 @@ template <typename T>
 inline void store_acc(T* p, const AVec<T>& v, int64_t count) {
   if constexpr (is_reduced_float_v<T>) {
     constexpr int64_t n = at::vec::Vectorized<float>::size();
-    if (count == n) {
-      at::vec::convert_from_float<T>(v, v).store(p, n);
-    } else {
-      float buf[n];
-      v.store(buf);
-      for (int64_t i = 0; i < count; ++i) p[i] = static_cast<T>(buf[i]);
-    }
+    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
   } else {
     v.store(p, count);
   }
@@ -427,6 +420,78 @@ inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t s
   }
 }
 
+// P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
+// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
+// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
+// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
+// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
+template <typename T, int K, int S, int P, bool Full>
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const acc_t<T>* init, int64_t c, int64_t cnt) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int U = S * (P - 1) + K;
+  V acc[P];
+  const V i0 = init ? V::loadu(init + c) : V(A(0));
+#pragma GCC unroll 16
+  for (int j = 0; j < P; ++j) acc[j] = i0;
+  for (int64_t r = 0; r < nrows; ++r) {
+    V wv[K];
+#pragma GCC unroll 16
+    for (int kw = 0; kw < K; ++kw) wv[kw] = V::loadu(wrows[r] + kw * Cp + c);
+    const T* xr = rows[r] + c;
+#pragma GCC unroll 32
+    for (int u = 0; u < U; ++u) {
+      const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
+#pragma GCC unroll 16
+      for (int kw = 0; kw < K; ++kw) {
+        const int d = u - kw;
+        if (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < P; ++j) store_acc<T>(out + j * C + c, acc[j], cnt);
+}
+
+template <typename T, int K, int S, int P>
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const acc_t<T>* init) {
+  constexpr int64_t L = at::vec::Vectorized<acc_t<T>>::size();
+  int64_t c = 0;
+  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
+  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
+}
+
+// Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
+template <int S>
+constexpr int64_t row_block_pixels() {
+  return S == 1 ? 8 : 4;
+}
+
+// Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
+template <typename T>
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const acc_t<T>* init) {
+#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
+  if (K == KK && S == SS) {                                                                  \
+    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
+    return true;                                                                             \
+  }
+  FASTOPS_ROW_BLOCK(3, 1)
+  FASTOPS_ROW_BLOCK(3, 2)
+  FASTOPS_ROW_BLOCK(5, 1)
+  FASTOPS_ROW_BLOCK(5, 2)
+  FASTOPS_ROW_BLOCK(7, 1)
+  FASTOPS_ROW_BLOCK(7, 2)
+#undef FASTOPS_ROW_BLOCK
+  return false;
+}
+
+bool has_row_block(int64_t K, int64_t S, int64_t D) {
+  return D == 1 && (K == 3 || K == 5 || K == 7) && (S == 1 || S == 2);
+}
+
 // Forward, NHWC: border pixels tap by tap; interior pixels (every kw in bounds) four at a time,
 // where the valid (kh, kw) taps of the row are the contiguous weight rows wt[kh0 * KW ...].
 template <typename T>
@@ -442,10 +507,12 @@ void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& b
   const int64_t ow_lo = std::min(g.OW, div_up(g.pl, g.sw));
   const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
   const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
+  const bool row_block = has_row_block(g.KW, g.sw, g.dw);
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.OW * g.C));
   at::parallel_for(0, g.N * g.OH, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> off(g.taps()), tap(g.taps());
-    std::vector<const T*> src(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
       const T* xb = xp + n * g.H * g.W * g.C;
@@ -471,6 +538,16 @@ void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& b
         nhwc_pixel<T>(yrow + o * g.C, xb, off.data(), tap.data(), nt, wp, Cp, bp, g.C);
       };
       for (; ow < ow_lo; ++ow) pixel(ow);
+      if (row_block) {
+        const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
+        for (int64_t kh = kh0; kh < kh1; ++kh) wrow_ptr[kh - kh0] = wp + kh * g.KW * Cp;
+        for (; ow + P <= ow_hi; ow += P) {
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
+          }
+          dispatch_row_block<T>(g.KW, g.sw, yrow + ow * g.C, g.C, row_ptr.data(), wrow_ptr.data(), kh1 - kh0, Cp, bp);
+        }
+      }
       for (; ow + 4 <= ow_hi; ow += 4) {
         int64_t t = 0;
         for (int64_t kh = kh0; kh < kh1; ++kh) {
@@ -496,10 +573,21 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
   const bool unit = g.sw == 1;
   const int64_t iw_lo = unit ? std::min(g.W, std::max<int64_t>(0, (g.KW - 1) * g.dw - g.pl)) : g.W;
   const int64_t iw_hi = unit ? std::max(iw_lo, std::min(g.W, g.OW - g.pl)) : g.W;
+  const bool row_block = unit && has_row_block(g.KW, 1, g.dw);
+  std::vector<A> wflip;
+  if (row_block) {
+    wflip.resize(g.taps() * Cp);
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        std::memcpy(wflip.data() + (kh * g.KW + kw) * Cp, wp + (kh * g.KW + g.KW - 1 - kw) * Cp, sizeof(A) * Cp);
+      }
+    }
+  }
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.W * g.C));
   at::parallel_for(0, g.N * g.H, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> off(g.taps()), tap(g.taps());
-    std::vector<const T*> src(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
     std::vector<A> wsel;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.H, ih = r % g.H;
@@ -508,8 +596,8 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
       // The kh whose window puts row ih on an output row: (ih + pt - kh*dh) a multiple of sh in
       // [0, sh*OH).
       int64_t nkh = 0;
-      int64_t khs[64];
-      const bool few = g.KH <= 64;
+      int64_t khs[64], kws[64];
+      const bool few = g.KH <= 64 && g.KW <= 64;
       auto pixel = [&](int64_t iw) {
         int64_t nt = 0;
         for (int64_t kh = 0; kh < g.KH; ++kh) {
@@ -538,6 +626,19 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
           std::memcpy(wsel.data() + i * g.KW * Cp, wp + khs[i] * g.KW * Cp, sizeof(A) * g.KW * Cp);
         }
         for (; iw < iw_lo; ++iw) pixel(iw);
+        if (row_block) {
+          // dx[iw] = sum_kw w[kw] g[iw + pl - kw] = sum_kw' wflip[kw'] g[iw + pl - (KW-1) + kw']:
+          // the forward's row block on g with the kernel mirrored along w.
+          constexpr int64_t P = row_block_pixels<1>();
+          for (int64_t i = 0; i < nkh; ++i) wrow_ptr[i] = wflip.data() + khs[i] * g.KW * Cp;
+          for (; iw + P <= iw_hi; iw += P) {
+            for (int64_t i = 0; i < nkh; ++i) {
+              const int64_t oh = (ih + g.pt - khs[i] * g.dh) / g.sh;
+              row_ptr[i] = gb + (oh * g.OW + iw + g.pl - (g.KW - 1)) * g.C;
+            }
+            dispatch_row_block<T>(g.KW, 1, dxrow + iw * g.C, g.C, row_ptr.data(), wrow_ptr.data(), nkh, Cp, nullptr);
+          }
+        }
         for (; iw + 4 <= iw_hi; iw += 4) {
           int64_t t = 0;
           for (int64_t i = 0; i < nkh; ++i) {
@@ -546,6 +647,47 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
           }
           nhwc_block4<T>(dxrow + iw * g.C, g.C, src.data(), g.C, nkh * g.KW, wsel.data(), Cp, nullptr, g.C);
         }
+      }
+      if (!unit && few) {
+        // Strided: the input columns of one stride phase (iw = ph + sw*m) see the same kw taps, and
+        // consecutive m read consecutive output columns, so four of them form one block.
+        nkh = 0;
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          khs[nkh++] = kh;
+        }
+        for (int64_t ph = 0; ph < g.sw && ph < g.W; ++ph) {
+          int64_t nkw = 0;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            if (((ph + g.pl - kw * g.dw) % g.sw + g.sw) % g.sw == 0) kws[nkw++] = kw;
+          }
+          const int64_t nt = nkh * nkw;
+          wsel.resize(std::max<int64_t>(1, nt) * Cp);
+          for (int64_t i = 0; i < nkh; ++i) {
+            for (int64_t k = 0; k < nkw; ++k) {
+              std::memcpy(wsel.data() + (i * nkw + k) * Cp, wp + (khs[i] * g.KW + kws[k]) * Cp, sizeof(A) * Cp);
+            }
+          }
+          for (int64_t c0 = ph; c0 < g.W;) {
+            const int64_t c3 = c0 + 3 * g.sw;
+            const bool interior =
+                nt > 0 && c3 < g.W && c0 + g.pl - kws[nkw - 1] * g.dw >= 0 && (c3 + g.pl - kws[0] * g.dw) / g.sw < g.OW;
+            if (!interior) {
+              pixel(c0);
+              c0 += g.sw;
+              continue;
+            }
+            int64_t t = 0;
+            for (int64_t i = 0; i < nkh; ++i) {
+              const T* grow = gb + ((ih + g.pt - khs[i] * g.dh) / g.sh) * g.OW * g.C;
+              for (int64_t k = 0; k < nkw; ++k) src[t++] = grow + ((c0 + g.pl - kws[k] * g.dw) / g.sw) * g.C;
+            }
+            nhwc_block4<T>(dxrow + c0 * g.C, g.sw * g.C, src.data(), g.C, nt, wsel.data(), Cp, nullptr, g.C);
+            c0 += 4 * g.sw;
+          }
+        }
+        continue;
       }
       for (; iw < g.W; ++iw) pixel(iw);
     }
