@@ -41,6 +41,8 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fastops::cpu {
@@ -55,6 +57,15 @@ int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
 
 template <typename T>
 using acc_t = opmath_t<T>;
+
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
+// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
+template <int N, typename F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
 template <typename T>
 using AVec = at::vec::Vectorized<acc_t<T>>;
 
@@ -431,27 +442,23 @@ inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_
   using A = acc_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int U = S * (P - 1) + K;
+  // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
   V acc[P];
   const V i0 = init ? V::loadu(init + c) : V(A(0));
-#pragma GCC unroll 16
-  for (int j = 0; j < P; ++j) acc[j] = i0;
+  static_for<P>([&](auto j) { acc[j] = i0; });
   for (int64_t r = 0; r < nrows; ++r) {
     V wv[K];
-#pragma GCC unroll 16
-    for (int kw = 0; kw < K; ++kw) wv[kw] = V::loadu(wrows[r] + kw * Cp + c);
+    static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
     const T* xr = rows[r] + c;
-#pragma GCC unroll 32
-    for (int u = 0; u < U; ++u) {
+    static_for<U>([&](auto u) {
       const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
-#pragma GCC unroll 16
-      for (int kw = 0; kw < K; ++kw) {
-        const int d = u - kw;
-        if (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
-      }
-    }
+      static_for<K>([&](auto kw) {
+        constexpr int d = decltype(u)::value - decltype(kw)::value;
+        if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
+      });
+    });
   }
-#pragma GCC unroll 16
-  for (int j = 0; j < P; ++j) store_acc<T>(out + j * C + c, acc[j], cnt);
+  static_for<P>([&](auto j) { store_acc<T>(out + j * C + c, acc[j], cnt); });
 }
 
 template <typename T, int K, int S, int P>
@@ -709,13 +716,13 @@ template <typename T, int NK, typename Load>
 inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep, int64_t tstep,
                            const Load& load) {
   AVec<T> a[NK];
-  for (int j = 0; j < NK; ++j) a[j] = acc[j];
+  static_for<NK>([&](auto j) { a[j] = acc[j]; });
   for (int64_t o = 0; o < n; ++o) {
     const AVec<T> gv = load(g + o * gstep);
     const T* xo = x + o * xstep;
-    for (int j = 0; j < NK; ++j) a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]);
+    static_for<NK>([&](auto j) { a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]); });
   }
-  for (int j = 0; j < NK; ++j) acc[j] = a[j];
+  static_for<NK>([&](auto j) { acc[j] = a[j]; });
 }
 
 template <typename T>
