@@ -41,6 +41,8 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fastops::cpu {
@@ -55,6 +57,15 @@ int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
 
 template <typename T>
 using acc_t = opmath_t<T>;
+
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
+// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
+template <int N, typename F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
 template <typename T>
 using AVec = at::vec::Vectorized<acc_t<T>>;
 
@@ -72,9 +83,8 @@ inline AVec<T> load_acc(const T* p) {
 template <typename T>
 inline AVec<T> load_acc(const T* p, int64_t count) {
   if constexpr (is_reduced_float_v<T>) {
-    float buf[at::vec::Vectorized<float>::size()] = {};
-    for (int64_t i = 0; i < count; ++i) buf[i] = static_cast<float>(p[i]);
-    return at::vec::Vectorized<float>::loadu(buf);
+    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
   } else {
     return AVec<T>::loadu(p, count);
   }
@@ -84,13 +94,7 @@ template <typename T>
 inline void store_acc(T* p, const AVec<T>& v, int64_t count) {
   if constexpr (is_reduced_float_v<T>) {
     constexpr int64_t n = at::vec::Vectorized<float>::size();
-    if (count == n) {
-      at::vec::convert_from_float<T>(v, v).store(p, n);
-    } else {
-      float buf[n];
-      v.store(buf);
-      for (int64_t i = 0; i < count; ++i) p[i] = static_cast<T>(buf[i]);
-    }
+    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
   } else {
     v.store(p, count);
   }
@@ -388,6 +392,115 @@ inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t*
   }
 }
 
+// Four neighbouring output pixels at once, all of whose taps are in bounds: out pixel j (at
+// out + j * out_step) = init + sum_t w[t] * src[t][j * src_step + c]. One channel vector per step,
+// so each weight vector is loaded once for four independent FMA chains.
+template <typename T>
+inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt, const acc_t<T>* w,
+                        int64_t Cp, const acc_t<T>* init, int64_t C) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  for (int64_t c = 0; c < C; c += L) {
+    const int64_t cnt = std::min(L, C - c);
+    const V i0 = init ? V::loadu(init + c) : V(A(0));
+    V a0 = i0, a1 = i0, a2 = i0, a3 = i0;
+    if (cnt == L) {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_acc<T>(s), wv, a0);
+        a1 = at::vec::fmadd(load_acc<T>(s + src_step), wv, a1);
+        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step), wv, a2);
+        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step), wv, a3);
+      }
+    } else {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_acc<T>(s, cnt), wv, a0);
+        a1 = at::vec::fmadd(load_acc<T>(s + src_step, cnt), wv, a1);
+        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step, cnt), wv, a2);
+        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step, cnt), wv, a3);
+      }
+    }
+    store_acc<T>(out + c, a0, cnt);
+    store_acc<T>(out + out_step + c, a1, cnt);
+    store_acc<T>(out + 2 * out_step + c, a2, cnt);
+    store_acc<T>(out + 3 * out_step + c, a3, cnt);
+  }
+}
+
+// P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
+// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
+// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
+// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
+// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
+template <typename T, int K, int S, int P, bool Full>
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const acc_t<T>* init, int64_t c, int64_t cnt) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int U = S * (P - 1) + K;
+  // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
+  V acc[P];
+  const V i0 = init ? V::loadu(init + c) : V(A(0));
+  static_for<P>([&](auto j) { acc[j] = i0; });
+  for (int64_t r = 0; r < nrows; ++r) {
+    V wv[K];
+    static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
+    const T* xr = rows[r] + c;
+    static_for<U>([&](auto u) {
+      const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
+      static_for<K>([&](auto kw) {
+        constexpr int d = decltype(u)::value - decltype(kw)::value;
+        if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
+      });
+    });
+  }
+  static_for<P>([&](auto j) { store_acc<T>(out + j * C + c, acc[j], cnt); });
+}
+
+template <typename T, int K, int S, int P>
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const acc_t<T>* init) {
+  constexpr int64_t L = at::vec::Vectorized<acc_t<T>>::size();
+  int64_t c = 0;
+  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
+  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
+}
+
+// Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
+template <int S>
+constexpr int64_t row_block_pixels() {
+  return S == 1 ? 8 : 4;
+}
+
+// Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
+template <typename T>
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const acc_t<T>* init) {
+#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
+  if (K == KK && S == SS) {                                                                  \
+    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
+    return true;                                                                             \
+  }
+  FASTOPS_ROW_BLOCK(3, 1)
+  FASTOPS_ROW_BLOCK(3, 2)
+  FASTOPS_ROW_BLOCK(5, 1)
+  FASTOPS_ROW_BLOCK(5, 2)
+  FASTOPS_ROW_BLOCK(7, 1)
+  FASTOPS_ROW_BLOCK(7, 2)
+#undef FASTOPS_ROW_BLOCK
+  return false;
+}
+
+bool has_row_block(int64_t K, int64_t S, int64_t D) {
+  return D == 1 && (K == 3 || K == 5 || K == 7) && (S == 1 || S == 2);
+}
+
+// Forward, NHWC: border pixels tap by tap; interior pixels (every kw in bounds) four at a time,
+// where the valid (kh, kw) taps of the row are the contiguous weight rows wt[kh0 * KW ...].
 template <typename T>
 void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& bt, at::Tensor& y,
                   const DepthwiseGeometry& g) {
@@ -397,26 +510,60 @@ void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& b
   T* yp = y.data_ptr<T>();
   const A* wp = wt.const_data_ptr<A>();
   const A* bp = bt.defined() ? bt.const_data_ptr<A>() : nullptr;
+  // Interior columns: every kw in bounds, ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw <= W - 1.
+  const int64_t ow_lo = std::min(g.OW, div_up(g.pl, g.sw));
+  const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
+  const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
+  const bool row_block = has_row_block(g.KW, g.sw, g.dw);
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.OW * g.C));
   at::parallel_for(0, g.N * g.OH, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> off(g.taps()), tap(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.OH, oh = r % g.OH;
       const T* xb = xp + n * g.H * g.W * g.C;
-      for (int64_t ow = 0; ow < g.OW; ++ow) {
+      T* yrow = yp + r * g.OW * g.C;
+      // Rows in bounds for this output row; the interior blocks use them with every kw.
+      int64_t kh0 = 0, kh1 = g.KH;
+      while (kh0 < g.KH && oh * g.sh + kh0 * g.dh - g.pt < 0) ++kh0;
+      while (kh1 > kh0 && oh * g.sh + (kh1 - 1) * g.dh - g.pt >= g.H) --kh1;
+      const A* wrows = wp + kh0 * g.KW * Cp;
+      const int64_t nt_in = (kh1 - kh0) * g.KW;
+      int64_t ow = 0;
+      auto pixel = [&](int64_t o) {
         int64_t nt = 0;
-        for (int64_t kh = 0; kh < g.KH; ++kh) {
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
           const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
-          if (ih < 0 || ih >= g.H) continue;
           for (int64_t kw = 0; kw < g.KW; ++kw) {
-            const int64_t iw = ow * g.sw + kw * g.dw - g.pl;
+            const int64_t iw = o * g.sw + kw * g.dw - g.pl;
             if (iw < 0 || iw >= g.W) continue;
             off[nt] = (ih * g.W + iw) * g.C;
             tap[nt++] = kh * g.KW + kw;
           }
         }
-        nhwc_pixel<T>(yp + (r * g.OW + ow) * g.C, xb, off.data(), tap.data(), nt, wp, Cp, bp, g.C);
+        nhwc_pixel<T>(yrow + o * g.C, xb, off.data(), tap.data(), nt, wp, Cp, bp, g.C);
+      };
+      for (; ow < ow_lo; ++ow) pixel(ow);
+      if (row_block) {
+        const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
+        for (int64_t kh = kh0; kh < kh1; ++kh) wrow_ptr[kh - kh0] = wp + kh * g.KW * Cp;
+        for (; ow + P <= ow_hi; ow += P) {
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
+          }
+          dispatch_row_block<T>(g.KW, g.sw, yrow + ow * g.C, g.C, row_ptr.data(), wrow_ptr.data(), kh1 - kh0, Cp, bp);
+        }
       }
+      for (; ow + 4 <= ow_hi; ow += 4) {
+        int64_t t = 0;
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const T* xrow = xb + (oh * g.sh + kh * g.dh - g.pt) * g.W * g.C;
+          for (int64_t kw = 0; kw < g.KW; ++kw) src[t++] = xrow + (ow * g.sw + kw * g.dw - g.pl) * g.C;
+        }
+        nhwc_block4<T>(yrow + ow * g.C, g.C, src.data(), g.sw * g.C, nt_in, wrows, Cp, bp, g.C);
+      }
+      for (; ow < g.OW; ++ow) pixel(ow);
     }
   });
 }
@@ -428,15 +575,37 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
   const T* gp = go.const_data_ptr<T>();
   T* dxp = dx.data_ptr<T>();
   const A* wp = wt.const_data_ptr<A>();
+  // Stride 1: interior input columns have every kw on an output column, iw + pl - kw*dw in
+  // [0, OW) for all kw: iw >= (KW-1)*dw - pl and iw + pl <= OW - 1.
+  const bool unit = g.sw == 1;
+  const int64_t iw_lo = unit ? std::min(g.W, std::max<int64_t>(0, (g.KW - 1) * g.dw - g.pl)) : g.W;
+  const int64_t iw_hi = unit ? std::max(iw_lo, std::min(g.W, g.OW - g.pl)) : g.W;
+  const bool row_block = unit && has_row_block(g.KW, 1, g.dw);
+  std::vector<A> wflip;
+  if (row_block) {
+    wflip.resize(g.taps() * Cp);
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        std::memcpy(wflip.data() + (kh * g.KW + kw) * Cp, wp + (kh * g.KW + g.KW - 1 - kw) * Cp, sizeof(A) * Cp);
+      }
+    }
+  }
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.W * g.C));
   at::parallel_for(0, g.N * g.H, grain, [&](int64_t begin, int64_t end) {
     std::vector<int64_t> off(g.taps()), tap(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
+    std::vector<A> wsel;
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = r / g.H, ih = r % g.H;
       const T* gb = gp + n * g.OH * g.OW * g.C;
-      for (int64_t iw = 0; iw < g.W; ++iw) {
-        // The taps whose window puts (ih, iw) on an output position: (ih + pt - kh*dh) a multiple
-        // of sh inside [0, sh*OH), likewise for columns.
+      T* dxrow = dxp + r * g.W * g.C;
+      // The kh whose window puts row ih on an output row: (ih + pt - kh*dh) a multiple of sh in
+      // [0, sh*OH).
+      int64_t nkh = 0;
+      int64_t khs[64], kws[64];
+      const bool few = g.KH <= 64 && g.KW <= 64;
+      auto pixel = [&](int64_t iw) {
         int64_t nt = 0;
         for (int64_t kh = 0; kh < g.KH; ++kh) {
           const int64_t th = ih + g.pt - kh * g.dh;
@@ -449,8 +618,85 @@ void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor&
             tap[nt++] = kh * g.KW + kw;
           }
         }
-        nhwc_pixel<T>(dxp + (r * g.W + iw) * g.C, gb, off.data(), tap.data(), nt, wp, Cp, nullptr, g.C);
+        nhwc_pixel<T>(dxrow + iw * g.C, gb, off.data(), tap.data(), nt, wp, Cp, nullptr, g.C);
+      };
+      int64_t iw = 0;
+      if (unit && few && iw_hi - iw_lo >= 4) {
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          khs[nkh++] = kh;
+        }
+        // Weights of the valid (kh, all kw) taps, gathered once per row in block order.
+        wsel.resize(std::max<int64_t>(1, nkh * g.KW) * Cp);
+        for (int64_t i = 0; i < nkh; ++i) {
+          std::memcpy(wsel.data() + i * g.KW * Cp, wp + khs[i] * g.KW * Cp, sizeof(A) * g.KW * Cp);
+        }
+        for (; iw < iw_lo; ++iw) pixel(iw);
+        if (row_block) {
+          // dx[iw] = sum_kw w[kw] g[iw + pl - kw] = sum_kw' wflip[kw'] g[iw + pl - (KW-1) + kw']:
+          // the forward's row block on g with the kernel mirrored along w.
+          constexpr int64_t P = row_block_pixels<1>();
+          for (int64_t i = 0; i < nkh; ++i) wrow_ptr[i] = wflip.data() + khs[i] * g.KW * Cp;
+          for (; iw + P <= iw_hi; iw += P) {
+            for (int64_t i = 0; i < nkh; ++i) {
+              const int64_t oh = (ih + g.pt - khs[i] * g.dh) / g.sh;
+              row_ptr[i] = gb + (oh * g.OW + iw + g.pl - (g.KW - 1)) * g.C;
+            }
+            dispatch_row_block<T>(g.KW, 1, dxrow + iw * g.C, g.C, row_ptr.data(), wrow_ptr.data(), nkh, Cp, nullptr);
+          }
+        }
+        for (; iw + 4 <= iw_hi; iw += 4) {
+          int64_t t = 0;
+          for (int64_t i = 0; i < nkh; ++i) {
+            const T* grow = gb + ((ih + g.pt - khs[i] * g.dh) / g.sh) * g.OW * g.C;
+            for (int64_t kw = 0; kw < g.KW; ++kw) src[t++] = grow + (iw + g.pl - kw * g.dw) * g.C;
+          }
+          nhwc_block4<T>(dxrow + iw * g.C, g.C, src.data(), g.C, nkh * g.KW, wsel.data(), Cp, nullptr, g.C);
+        }
       }
+      if (!unit && few) {
+        // Strided: the input columns of one stride phase (iw = ph + sw*m) see the same kw taps, and
+        // consecutive m read consecutive output columns, so four of them form one block.
+        nkh = 0;
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          khs[nkh++] = kh;
+        }
+        for (int64_t ph = 0; ph < g.sw && ph < g.W; ++ph) {
+          int64_t nkw = 0;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            if (((ph + g.pl - kw * g.dw) % g.sw + g.sw) % g.sw == 0) kws[nkw++] = kw;
+          }
+          const int64_t nt = nkh * nkw;
+          wsel.resize(std::max<int64_t>(1, nt) * Cp);
+          for (int64_t i = 0; i < nkh; ++i) {
+            for (int64_t k = 0; k < nkw; ++k) {
+              std::memcpy(wsel.data() + (i * nkw + k) * Cp, wp + (khs[i] * g.KW + kws[k]) * Cp, sizeof(A) * Cp);
+            }
+          }
+          for (int64_t c0 = ph; c0 < g.W;) {
+            const int64_t c3 = c0 + 3 * g.sw;
+            const bool interior =
+                nt > 0 && c3 < g.W && c0 + g.pl - kws[nkw - 1] * g.dw >= 0 && (c3 + g.pl - kws[0] * g.dw) / g.sw < g.OW;
+            if (!interior) {
+              pixel(c0);
+              c0 += g.sw;
+              continue;
+            }
+            int64_t t = 0;
+            for (int64_t i = 0; i < nkh; ++i) {
+              const T* grow = gb + ((ih + g.pt - khs[i] * g.dh) / g.sh) * g.OW * g.C;
+              for (int64_t k = 0; k < nkw; ++k) src[t++] = grow + ((c0 + g.pl - kws[k] * g.dw) / g.sw) * g.C;
+            }
+            nhwc_block4<T>(dxrow + c0 * g.C, g.sw * g.C, src.data(), g.C, nt, wsel.data(), Cp, nullptr, g.C);
+            c0 += 4 * g.sw;
+          }
+        }
+        continue;
+      }
+      for (; iw < g.W; ++iw) pixel(iw);
     }
   });
 }
@@ -463,6 +709,20 @@ int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
   int64_t rows = div_up(int64_t{1} << 16, per_row);                     // ~64K elements of g per item: L2-resident
   rows = std::min(rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
   return std::max<int64_t>(1, rows);
+}
+
+// acc[j] += g[o] * x[o * xstep + j * tstep] over n output columns, NK taps in registers.
+template <typename T, int NK, typename Load>
+inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep, int64_t tstep,
+                           const Load& load) {
+  AVec<T> a[NK];
+  static_for<NK>([&](auto j) { a[j] = acc[j]; });
+  for (int64_t o = 0; o < n; ++o) {
+    const AVec<T> gv = load(g + o * gstep);
+    const T* xo = x + o * xstep;
+    static_for<NK>([&](auto j) { a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]); });
+  }
+  static_for<NK>([&](auto j) { acc[j] = a[j]; });
 }
 
 template <typename T>
@@ -489,6 +749,10 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
         for (int64_t kh = 0; kh < g.KH; ++kh) {
           for (int64_t k0 = 0; k0 < g.KW; k0 += G) {
             const int64_t nk = std::min(G, g.KW - k0);
+            // Output columns whose taps k0 .. k0+nk-1 all land inside the row.
+            const int64_t ow_lo = std::min(g.OW, div_up(std::max<int64_t>(0, g.pl - k0 * g.dw), g.sw));
+            const int64_t lastv = g.W - 1 + g.pl - (k0 + nk - 1) * g.dw;
+            const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, lastv >= 0 ? lastv / g.sw + 1 : 0));
             V acc[G];
             for (int64_t j = 0; j < G; ++j) acc[j] = V(A(0));
             for (int64_t r = r0; r < r1; ++r) {
@@ -497,14 +761,37 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
               if (ih < 0 || ih >= g.H) continue;
               const T* grow = gp + r * g.OW * g.C + c;
               const T* xrow = xp + ((n * g.H + ih) * g.W) * g.C + c;
-              for (int64_t ow = 0; ow < g.OW; ++ow) {
+              auto border = [&](int64_t ow) {
                 const V gv = load(grow + ow * g.C);
                 const int64_t iw0 = ow * g.sw + k0 * g.dw - g.pl;
-                for (int64_t j = 0; j < G; ++j) {
+                for (int64_t j = 0; j < nk; ++j) {
                   const int64_t iw = iw0 + j * g.dw;
-                  if (j < nk && iw >= 0 && iw < g.W) acc[j] = at::vec::fmadd(gv, load(xrow + iw * g.C), acc[j]);
+                  if (iw >= 0 && iw < g.W) acc[j] = at::vec::fmadd(gv, load(xrow + iw * g.C), acc[j]);
                 }
+              };
+              int64_t ow = 0;
+              for (; ow < ow_lo; ++ow) border(ow);
+              // Interior: every kw of the group in bounds; fixed trip counts for 3, 5 and 7 taps.
+              const T* xs = xrow + (ow * g.sw + k0 * g.dw - g.pl) * g.C;
+              const int64_t xstep = g.sw * g.C, tstep = g.dw * g.C;
+              switch (nk) {
+                case 3:
+                  wgrad_interior<T, 3>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                case 5:
+                  wgrad_interior<T, 5>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                case 7:
+                  wgrad_interior<T, 7>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                default:
+                  for (int64_t o = 0; o < ow_hi - ow; ++o) {
+                    const V gv = load(grow + (ow + o) * g.C);
+                    for (int64_t j = 0; j < nk; ++j)
+                      acc[j] = at::vec::fmadd(gv, load(xs + o * xstep + j * tstep), acc[j]);
+                  }
               }
+              for (ow = ow_hi; ow < g.OW; ++ow) border(ow);
             }
             for (int64_t j = 0; j < nk; ++j) acc[j].store(out + (kh * g.KW + k0 + j) * Cp + c);
           }

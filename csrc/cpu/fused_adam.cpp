@@ -30,7 +30,7 @@
 namespace fastops::cpu {
 namespace {
 
-enum class Decay { kNone, kL2, kDecoupled };
+using adam::Decay;
 
 // The per-element update on one vector of opmath values; every member is a broadcast scalar.
 template <typename M, Decay kDecay, bool kAmsgrad>
@@ -169,27 +169,9 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
 template <typename T>
 void run_dtype(const adam::Work& w, const std::vector<size_t>& idx, const adam::Hyper& h,
                const std::vector<adam::StepScalars>& scalars, double grad_scale, bool unscale) {
-  const Decay decay =
-      h.weight_decay == 0.0 ? Decay::kNone : (h.decoupled_weight_decay ? Decay::kDecoupled : Decay::kL2);
-  auto with_decay = [&](auto decay_tag) {
-    constexpr Decay kDecay = decltype(decay_tag)::value;
-    if (h.amsgrad) {
-      run_dtype_group<T, kDecay, true>(w, idx, h, scalars, grad_scale, unscale);
-    } else {
-      run_dtype_group<T, kDecay, false>(w, idx, h, scalars, grad_scale, unscale);
-    }
-  };
-  switch (decay) {
-    case Decay::kNone:
-      with_decay(std::integral_constant<Decay, Decay::kNone>{});
-      break;
-    case Decay::kL2:
-      with_decay(std::integral_constant<Decay, Decay::kL2>{});
-      break;
-    case Decay::kDecoupled:
-      with_decay(std::integral_constant<Decay, Decay::kDecoupled>{});
-      break;
-  }
+  adam::dispatch_variant(h, [&](auto decay, auto amsgrad) {
+    run_dtype_group<T, decltype(decay)::value, decltype(amsgrad)::value>(w, idx, h, scalars, grad_scale, unscale);
+  });
 }
 
 double read_scalar(const char* arg, const at::Tensor& t) {

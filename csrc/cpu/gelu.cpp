@@ -49,61 +49,102 @@ inline FVec fnmadd(const FVec& a, const FVec& b, const FVec& c) {
 #endif
 }
 
-// 1/d for d in [1, 7]: the hardware reciprocal estimate plus one Newton step (about 1 ulp), three
-// cheap instructions where a vector division costs ~10 cycles of a single divider per vector.
-inline FVec reciprocal(const FVec& d) {
+// min(|x|, c) for c > 0 (NaN stays NaN): one VRANGEPS on AVX-512 (absolute minimum, sign cleared).
+inline FVec abs_min(const FVec& x, const FVec& c) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const FVec r0(_mm512_rcp14_ps(d));
-#elif defined(CPU_CAPABILITY_AVX2)
-  const FVec r0(_mm256_rcp_ps(d));
+  return _mm512_range_ps(x, c, 0x0A);
 #else
-  const FVec r0 = FVec(1.0f) / d;
+  return at::vec::clamp_max(x.abs(), c);
 #endif
-  return at::vec::fmadd(r0, fnmadd(d, r0, FVec(1.0f)), r0);
 }
+
+// Two accuracy levels of the erf form's pieces. kFull (fp32 and fp64 outputs, and every backward:
+// Phi + x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever
+// the output dtype): a few fp32 ulp everywhere. kReduced (fp16/bf16 forward only): Q of degree
+// 6 (3.7e-6 relative), e^r of degree 4 (5.3e-6) and no low-part correction of x^2 (< 4e-6 at
+// |x| = 10), ~1e-5 relative in all: 200x below half an ulp of bf16 and 50x below fp16's, so the
+// rounded result is the correctly rounded one except within 1e-5 of a tie, and 7 instructions
+// cheaper per vector. Our own fits (weighted least squares towards minimax, float64).
+enum class Accuracy { kFull, kReduced };
 
 // exp(-(hi + lo) / 2) for hi = u*u rounded and lo = u*u - hi exactly, u in [0, kTailClamp].
 // AVX-512: our own exp, specialised to this argument: n = round(a / ln2) with a = -hi/2 (exact),
 // r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi is exact for |n| <= 289),
-// e^r = 1 + (r + r^2 P4(r)) (our fit on |r| <= ln2/2, 1.1e-7 relative in fp32 arithmetic), and
-// scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them, so no range
+// e^r = 1 + (r + r^2 P(r)) on |r| <= ln2/2 (P of degree 4: 1.1e-7 relative in fp32 arithmetic),
+// and scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them, so no range
 // checks are needed. About 12 instructions against ~20 for Sleef's general expf plus the lo
 // correction. Elsewhere: Sleef's (or the scalar) expf, then a first-order lo correction.
-inline FVec gauss(const FVec& hi, const FVec& lo) {
+template <Accuracy kAcc>
+inline FVec gauss(const FVec& u) {
+  const FVec hi = u * u;
   const FVec a = hi * FVec(-0.5f);
 #if defined(CPU_CAPABILITY_AVX512)
   const FVec n(_mm512_roundscale_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   FVec r = fnmadd(n, FVec(0.693359375f), a);
   r = fnmadd(n, FVec(-2.12194440e-4f), r);
-  r = at::vec::fmadd(lo, FVec(-0.5f), r);
-  const FVec r2 = r * r;
-  FVec p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
-  p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
-  p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
-  p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
-  const FVec er = at::vec::fmadd(r2, p, r) + FVec(1.0f);
+  FVec p;
+  if constexpr (kAcc == Accuracy::kFull) {
+    r = at::vec::fmadd(at::vec::fmsub(u, u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
+    p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
+    p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
+    p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
+    p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
+  } else {
+    p = at::vec::fmadd(FVec(4.1277728975e-02f), r, FVec(1.6753514111e-01f));
+    p = at::vec::fmadd(p, r, FVec(5.0005114079e-01f));
+  }
+  const FVec er = at::vec::fmadd(r * r, p, r) + FVec(1.0f);
   return FVec(_mm512_scalef_ps(er, n));
 #else
   const FVec e = a.exp();
-  return at::vec::fmadd(e, lo * FVec(-0.5f), e);
+  if constexpr (kAcc == Accuracy::kFull) {
+    return at::vec::fmadd(e, at::vec::fmsub(u, u, hi) * FVec(-0.5f), e);
+  } else {
+    return e;
+  }
 #endif
 }
 
-// fp32: ex = exp(-x^2/2) and q = Q(|x|), so T(|x|) = q * ex (see gelu_math.h). |x| is clamped to
-// kTailClamp first (ex is 0 beyond it): x*x and its exact low part stay finite and 1 + a|x| stays
-// in the range reciprocal() is accurate for; NaN passes through the clamp.
-inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
-  const FVec u = at::vec::clamp_max(x.abs(), FVec(gm::kTailClamp));
-  const FVec t = reciprocal(at::vec::fmadd(FVec(gm::kTailA), u, FVec(1.0f)));
-  q = t * gm::tail_poly(t, VecFma{});
-  const FVec hi = u * u;
-  ex = gauss(hi, at::vec::fmsub(u, u, hi));
+// Q(u) = t * P(t), t = 1 / (1 + a u): gelu_math.h's degree-9 fit, or a degree-6 one (kReduced).
+template <Accuracy kAcc>
+inline FVec tail_q(const FVec& u) {
+  if constexpr (kAcc == Accuracy::kFull) {
+    const FVec t = FVec(1.0f) / at::vec::fmadd(FVec(gm::kTailA), u, FVec(1.0f));
+    return t * gm::tail_poly(t, VecFma{});
+  } else {
+    const FVec t = FVec(1.0f) / at::vec::fmadd(FVec(0.28f), u, FVec(1.0f));
+    FVec p = at::vec::fmadd(FVec(-5.023100227e-02f), t, FVec(1.054428369e-01f));
+    p = at::vec::fmadd(p, t, FVec(2.495023236e-02f));
+    p = at::vec::fmadd(p, t, FVec(9.445580095e-02f));
+    p = at::vec::fmadd(p, t, FVec(1.019357890e-01f));
+    p = at::vec::fmadd(p, t, FVec(1.117406636e-01f));
+    p = at::vec::fmadd(p, t, FVec(1.117038429e-01f));
+    return t * p;
+  }
 }
 
+// fp32 math: ex = exp(-x^2/2) and q = Q(|x|), so T(|x|) = q * ex (see gelu_math.h). |x| is
+// clamped to kTailClamp first (ex is 0 beyond it), so x*x and its exact low part stay finite and
+// t stays > 0 (q is then finite and x = -inf gives -inf * q * 0 = nan, as PyTorch's gelu); NaN
+// passes through the clamp. t = 1 / (1 + a u) is a true division: the divider runs beside the
+// FMA ports, which are what this loop is bound by (an rcp14 + Newton step measured slower).
+template <Accuracy kAcc>
+inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
+  const FVec u = abs_min(x, FVec(gm::kTailClamp));
+  q = tail_q<kAcc>(u);
+  ex = gauss<kAcc>(u);
+}
+
+template <typename T>
+constexpr Accuracy accuracy_for() {
+  return is_reduced_float_v<T> ? Accuracy::kReduced : Accuracy::kFull;
+}
+
+template <Accuracy kAcc>
 struct GeluErfForward {
   FVec operator()(const FVec& x) const {
     FVec ex, q;
-    erf_tail_parts(x, ex, q);
+    erf_tail_parts<kAcc>(x, ex, q);
     // x < 0: (x * q) * ex keeps the intermediate normal where x * T alone would go subnormal.
     const FVec neg = (x * q) * ex;
     const FVec pos = x * fnmadd(q, ex, FVec(1.0f));
@@ -115,10 +156,11 @@ struct GeluErfForward {
   }
 };
 
+template <Accuracy kAcc>
 struct GeluErfBackward {
   FVec operator()(const FVec& g, const FVec& x) const {
     FVec ex, q;
-    erf_tail_parts(x, ex, q);
+    erf_tail_parts<kAcc>(x, ex, q);
     const FVec tail = q * ex;
     const FVec cdf = FVec::blendv(tail, FVec(1.0f) - tail, x >= FVec(0.0f));
     return g * at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
@@ -179,7 +221,7 @@ at::Tensor gelu(const at::Tensor& x_in, std::string_view approximate) {
     if (use_tanh) {
       elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluTanhForward{}, in);
     } else {
-      elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluErfForward{}, in);
+      elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluErfForward<accuracy_for<scalar_t>()>{}, in);
     }
   });
   return y;
@@ -198,7 +240,7 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
     if (use_tanh) {
       elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluTanhBackward{}, in);
     } else {
-      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluErfBackward{}, in);
+      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluErfBackward<Accuracy::kFull>{}, in);
     }
   });
   return dx;
@@ -358,11 +400,11 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
     using M = opmath_t<scalar_t>;
     const at::Tensor bias = bias_in.to(c10::CppTypeToScalarType<M>::value).contiguous();
     if (use_tanh) {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
-                             x.numel(), n, GeluTanhForward{});
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
+                             n, GeluTanhForward{});
     } else {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
-                             x.numel(), n, GeluErfForward{});
+      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
+                             n, GeluErfForward<accuracy_for<scalar_t>()>{});
     }
   });
   return y;
@@ -391,7 +433,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
                               x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluTanhBackward{});
     } else {
       bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
-                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluErfBackward{});
+                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n,
+                              GeluErfBackward<Accuracy::kFull>{});
     }
     grad_bias = acc.to(x.scalar_type());
   });

@@ -75,7 +75,7 @@ struct AdamArgs {
 static_assert(sizeof(TensorTable<5>) + sizeof(AdamArgs) <= kArgBytes, "kernel arguments exceed the limit");
 static_assert(sizeof(TensorTable<4>) + sizeof(AdamArgs) <= kArgBytes, "kernel arguments exceed the limit");
 
-enum class Decay { kNone, kL2, kDecoupled };
+using adam::Decay;
 
 // Broadcast coefficients of one tensor, computed in double from its own step and rounded once.
 struct Coeffs {
@@ -253,27 +253,10 @@ void launch_all(const adam::Work& w, const std::vector<size_t>& idx, const AdamA
 template <typename T>
 void launch_dtype(const adam::Work& w, const std::vector<size_t>& idx, const adam::Hyper& h, const AdamArgs& args,
                   cudaStream_t stream) {
-  const Decay decay =
-      h.weight_decay == 0.0 ? Decay::kNone : (h.decoupled_weight_decay ? Decay::kDecoupled : Decay::kL2);
-  auto with_decay = [&](auto tag) {
-    constexpr Decay kDecay = decltype(tag)::value;
-    if (h.amsgrad) {
-      launch_all<T, 5, kDecay, true>(w, idx, args, stream);
-    } else {
-      launch_all<T, 4, kDecay, false>(w, idx, args, stream);
-    }
-  };
-  switch (decay) {
-    case Decay::kNone:
-      with_decay(std::integral_constant<Decay, Decay::kNone>{});
-      break;
-    case Decay::kL2:
-      with_decay(std::integral_constant<Decay, Decay::kL2>{});
-      break;
-    case Decay::kDecoupled:
-      with_decay(std::integral_constant<Decay, Decay::kDecoupled>{});
-      break;
-  }
+  adam::dispatch_variant(h, [&](auto decay, auto amsgrad) {
+    constexpr bool kAmsgrad = decltype(amsgrad)::value;
+    launch_all<T, kAmsgrad ? 5 : 4, decltype(decay)::value, kAmsgrad>(w, idx, args, stream);
+  });
 }
 
 // A 1-element float32 tensor on `device` (an asynchronous device-side cast/copy when it is not one).

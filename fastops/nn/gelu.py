@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -101,7 +101,9 @@ class LinearGELU(nn.Module):
     def from_torch(cls, linear: nn.Linear, gelu_module: nn.GELU) -> LinearGELU:
         """A LinearGELU holding ``linear``'s own Parameter objects (no copy) and ``gelu_module``'s form."""
         if not isinstance(linear, nn.Linear):
-            raise TypeError(f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.Linear, got {type(linear).__name__}")
+            raise TypeError(
+                f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.Linear, got {type(linear).__name__}"
+            )
         if not isinstance(gelu_module, (nn.GELU, GELU)):
             raise TypeError(
                 f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.GELU, got {type(gelu_module).__name__}"
@@ -110,8 +112,8 @@ class LinearGELU(nn.Module):
         nn.Module.__init__(m)
         m.in_features, m.out_features = linear.in_features, linear.out_features
         m.approximate = _check_approximate("nn.LinearGELU", gelu_module.approximate)
-        m.weight = linear.weight
-        m.bias = linear.bias
+        m.weight = cast(nn.Parameter, linear.weight)  # the same Parameter objects: shared, not copied
+        m.bias = cast("nn.Parameter | None", linear.bias)
         return m
 
     def forward(self, x: Tensor) -> Tensor:

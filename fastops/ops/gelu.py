@@ -32,7 +32,9 @@ def _check_bias(op: str, x: Tensor, bias: Tensor) -> None:
     if bias.dtype != x.dtype:
         raise TypeError(f"fastops.{op}: expected bias to have the dtype of x ({x.dtype}), got {bias.dtype}")
     if bias.device != x.device:
-        raise RuntimeError(f"fastops.{op}: expected bias on the same device as x ({x.device}), got {bias.device}")
+        raise RuntimeError(
+            f"fastops.{op}: expected bias on the same device as x ({x.device}), got {bias.device}"
+        )
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
@@ -120,7 +122,9 @@ def _bias_gelu_fake(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
 
 
 @torch.library.register_fake("fastops::bias_gelu_backward")
-def _bias_gelu_backward_fake(grad_out: Tensor, x: Tensor, bias: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
+def _bias_gelu_backward_fake(
+    grad_out: Tensor, x: Tensor, bias: Tensor, approximate: str
+) -> tuple[Tensor, Tensor]:
     check_floating("bias_gelu_backward", "x", x)
     _check_approximate("bias_gelu_backward", approximate)
     _check_bias("bias_gelu_backward", x, bias)
@@ -214,7 +218,9 @@ torch.library.register_autograd("fastops::gelu", _gelu_backward, setup_context=_
 torch.library.register_autograd(
     "fastops::gelu_backward", _gelu_double_backward, setup_context=_gelu_backward_setup_context
 )
-torch.library.register_autograd("fastops::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup_context)
+torch.library.register_autograd(
+    "fastops::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup_context
+)
 torch.library.register_autograd(
     "fastops::bias_gelu_backward", _bias_gelu_double_backward, setup_context=_bias_gelu_backward_setup_context
 )

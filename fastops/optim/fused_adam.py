@@ -88,6 +88,7 @@ def fused_adam(
     for i, p in enumerate(params):
         devices.setdefault(p.device, []).append(i)
     for device, idx in devices.items():
+        sel: tuple[list[Tensor], ...]
         if len(devices) == 1:
             sel = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
         else:

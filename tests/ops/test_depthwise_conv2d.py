@@ -155,9 +155,18 @@ def test_matches_conv2d_low_precision(device: str, dtype: torch.dtype, case: tup
 
 
 @devices
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
-def test_mobilenet_like_shapes(device: str, layout: str) -> None:
-    """Bigger planes and channel counts than the grid: the vector main loops and the wgrad workspace."""
+def test_mobilenet_like_shapes(device: str, dtype: torch.dtype, layout: str) -> None:
+    """Bigger planes and channel counts than the grid: the register-blocked interiors (3/5/7 taps,
+    stride 1 and 2, dilation 2), the strided dgrad phase blocks and the wgrad workspace."""
+    for case in [
+        (2, 40, 20, 21, 7, 1, 1, 3),
+        (1, 24, 21, 19, 5, 2, 1, 2),
+        (1, 20, 18, 18, 3, 1, 2, 2),
+        (1, 17, 23, 23, 3, 3, 1, 1),
+    ]:
+        _check(case, dtype, device, layout)
     for case in [
         (2, 32, 28, 28, 3, 1, 1, 1),
         (2, 96, 29, 29, 3, 2, 1, 1),

@@ -43,14 +43,13 @@ def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor],
     leaves = [t.detach().requires_grad_(True) for t in inputs]
     y = fn(*leaves)
     g = _upstream(y)
-    if y.numel():
-        grads = list(torch.autograd.grad(y, leaves, g))
-    else:
-        grads = [torch.zeros_like(t) for t in leaves]
+    grads = list(torch.autograd.grad(y, leaves, g)) if y.numel() else [torch.zeros_like(t) for t in leaves]
     return y.detach(), grads, g
 
 
-def _check(actual: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor | None, factor: float, what: str) -> None:
+def _check(
+    actual: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor | None, factor: float, what: str
+) -> None:
     try:
         assert_close_to_reference(actual, ref64, eager=eager, factor=factor)
     except AssertionError as e:
@@ -64,7 +63,9 @@ def _check(actual: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor | None
 @dtypes
 @FORMS
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_gelu_matches_reference(device: str, dtype: torch.dtype, approximate: str, shape: tuple[int, ...]) -> None:
+def test_gelu_matches_reference(
+    device: str, dtype: torch.dtype, approximate: str, shape: tuple[int, ...]
+) -> None:
     base = _sample(shape, dtype, device)
     for layout, x in layouts(base):
         y, (grad_x,), g = _grads(lambda t: fastops.gelu(t, approximate), x)
@@ -247,6 +248,7 @@ def test_backward_ops_check_shapes_and_dtypes() -> None:
 
 # ---- bias_gelu ------------------------------------------------------------------------------------
 
+
 def _bias_layouts(t: torch.Tensor):  # noqa: ANN202
     """Views of t with the same shape (the last dim stays the bias dim) in several layouts."""
     yield "contiguous", t
@@ -260,7 +262,19 @@ def _bias_layouts(t: torch.Tensor):  # noqa: ANN202
     yield "offset1", flat[1:].view(t.shape)
 
 
-BIAS_SHAPES = [(1,), (7,), (5, 1), (3, 17), (4, 33), (2, 3, 16), (2, 3, 4, 5), (300, 1100), (0, 6), (2, 0, 5), (3, 0)]
+BIAS_SHAPES = [
+    (1,),
+    (7,),
+    (5, 1),
+    (3, 17),
+    (4, 33),
+    (2, 3, 16),
+    (2, 3, 4, 5),
+    (300, 1100),
+    (0, 6),
+    (2, 0, 5),
+    (3, 0),
+]
 
 
 @devices
@@ -347,7 +361,9 @@ def test_bias_gelu_opcheck(device: str, approximate: str) -> None:
 
 def test_bias_gelu_rejects_bad_bias() -> None:
     x = torch.randn(4, 5)
-    with pytest.raises(ValueError, match=r"fastops\.bias_gelu: expected bias to be 1-D with x\.shape\[-1\] = 5"):
+    with pytest.raises(
+        ValueError, match=r"fastops\.bias_gelu: expected bias to be 1-D with x\.shape\[-1\] = 5"
+    ):
         fastops.bias_gelu(x, torch.randn(4))
     with pytest.raises(ValueError, match=r"fastops\.bias_gelu: expected bias to be 1-D"):
         fastops.bias_gelu(x, torch.randn(1, 5))
@@ -355,7 +371,9 @@ def test_bias_gelu_rejects_bad_bias() -> None:
         fastops.bias_gelu(x, torch.randn(5, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"fastops\.bias_gelu: expected x to have at least one dimension"):
         fastops.bias_gelu(torch.tensor(1.0), torch.randn(1))
-    with pytest.raises(RuntimeError, match=r"fastops\.bias_gelu: expected bias to be 1-D with x\.shape\[-1\] = 5"):
+    with pytest.raises(
+        RuntimeError, match=r"fastops\.bias_gelu: expected bias to be 1-D with x\.shape\[-1\] = 5"
+    ):
         torch.ops.fastops.bias_gelu(x, torch.randn(4), "none")
     with pytest.raises(RuntimeError, match=r"fastops\.bias_gelu: expected bias to have the dtype of x"):
         torch.ops.fastops.bias_gelu(x, torch.randn(5, dtype=torch.float64), "none")

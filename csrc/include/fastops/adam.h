@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -127,6 +128,29 @@ inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList 
     w.steps.push_back(s);
   }
   return w;
+}
+
+// How weight decay enters: not at all, added to the gradient (Adam), or decoupled (AdamW).
+enum class Decay { kNone, kL2, kDecoupled };
+
+// Calls f(std::integral_constant<Decay, ...>, std::bool_constant<amsgrad>) for h's variant, so the
+// kernels are compiled once per variant with no per-element branch on it.
+template <typename F>
+void dispatch_variant(const Hyper& h, const F& f) {
+  auto with_decay = [&](auto decay) {
+    if (h.amsgrad) {
+      f(decay, std::true_type{});
+    } else {
+      f(decay, std::false_type{});
+    }
+  };
+  if (h.weight_decay == 0.0) {
+    with_decay(std::integral_constant<Decay, Decay::kNone>{});
+  } else if (h.decoupled_weight_decay) {
+    with_decay(std::integral_constant<Decay, Decay::kDecoupled>{});
+  } else {
+    with_decay(std::integral_constant<Decay, Decay::kL2>{});
+  }
 }
 
 // Bias corrections of step t (1-based), in double as torch's single-tensor Adam computes them.
