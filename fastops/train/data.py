@@ -126,15 +126,16 @@ def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data
             device=device,
             seed=seed,
         )
-        train = make(cfg.synthetic_samples, cfg.seed * 1000 + rank)
-        val = make(max(cfg.batch_size, cfg.synthetic_samples // 8), cfg.seed * 1000 + rank + 500)
-        return Data(train, val, None, 3, cfg.num_classes, len(train) * cfg.batch_size * world_size)
+        synth_train = make(cfg.synthetic_samples, cfg.seed * 1000 + rank)
+        synth_val = make(max(cfg.batch_size, cfg.synthetic_samples // 8), cfg.seed * 1000 + rank + 500)
+        samples = len(synth_train) * cfg.batch_size * world_size
+        return Data(synth_train, synth_val, None, 3, cfg.num_classes, samples)
 
     splits = digits_tensors(cfg.image_size)
     pin = device.type == "cuda"
     common = dict(num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
     train_set = TensorDataset(*splits["train"])
-    sampler = DistributedSampler(
+    sampler: DistributedSampler = DistributedSampler(
         train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
     train = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **common)

@@ -110,6 +110,8 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         if self.affine:
             y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
         if self.track_running_stats:
+            assert self.running_mean is not None and self.running_var is not None
+            assert self.num_batches_tracked is not None
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
                 momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum

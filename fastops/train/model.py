@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fastops.swap import SwapReport, swap_modules
 from fastops.train.activation_checkpointing import checkpoint_block
 
 
@@ -100,7 +101,7 @@ def build_model(
     width: int = 32,
     dropout: float = 0.1,
     fastops: bool = True,
-) -> tuple[ConvNet, object | None]:
+) -> tuple[ConvNet, SwapReport | None]:
     """The ConvNet, and with ``fastops=True`` its stock modules swapped for fastops ones.
 
     Returns ``(model, swap_report)``; the report is None for the stock model.
@@ -108,6 +109,4 @@ def build_model(
     model = ConvNet(in_channels, num_classes, image_size, width=width, dropout=dropout)
     if not fastops:
         return model, None
-    from fastops.swap import swap_modules
-
     return model, swap_modules(model)

@@ -76,6 +76,7 @@ class Trainer:
 
         # Same seed on every rank for the initial weights (DDP would broadcast rank 0's anyway).
         torch.manual_seed(cfg.seed)
+        module: nn.Module
         module, self.swap_report = build_model(
             in_channels=self.data.in_channels,
             num_classes=self.data.num_classes,
@@ -86,7 +87,7 @@ class Trainer:
         )
         module.activation_checkpointing = cfg.checkpointing
         self.memory_format = torch.channels_last if cfg.use_channels_last() else torch.contiguous_format
-        module = module.to(self.device, memory_format=self.memory_format)
+        module = module.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
         if self.dist.enabled:
             # BN statistics over the global batch, so N ranks of batch B train like one of N*B.
             module = distributed.sync_batchnorm(module, self.device)
