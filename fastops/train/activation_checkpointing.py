@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
+import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -48,6 +49,11 @@ def checkpoint_block(block: nn.Module, x: Tensor) -> Tensor:
     grad, keyword arguments, torch.compile and DDP, and is the one PyTorch recommends. The RNG
     state is preserved (default), so dropout inside the block draws the same mask when recomputed.
     """
+    if torch.compiler.is_compiling():
+        # Traced into the graph: the recomputation runs inside the compiled backward, which does
+        # not replay the forward's buffer writes, so there is nothing to restore (and Dynamo only
+        # accepts plain functions as context_fn).
+        return checkpoint(block, x, use_reentrant=False)
     return checkpoint(
         block,
         x,
