@@ -105,8 +105,19 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.dist.rank)
 
         self.optimizer = make_optimizer(module, cfg)
+        total_steps = cfg.epochs * self.steps_per_epoch
+        if total_steps < 4:
+            raise ConfigError(
+                f"fastops.train: the run has {total_steps} optimizer step(s); the OneCycle schedule "
+                "needs at least 4 (more --epochs, or a smaller --batch-size / --accum-steps)"
+            )
+        # Warm up over a quarter of the run, but over at least two steps (OneCycleLR divides by the
+        # length of each phase).
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
-            self.optimizer, max_lr=cfg.lr, total_steps=cfg.epochs * self.steps_per_epoch, pct_start=0.25
+            self.optimizer,
+            max_lr=cfg.lr,
+            total_steps=total_steps,
+            pct_start=min(0.5, max(0.25, 2.0 / total_steps)),
         )
         self.scaler = amp.make_scaler(cfg.amp, self.device)
         self.autocast = functools.partial(amp.autocast, cfg.amp, self.device)

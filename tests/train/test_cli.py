@@ -91,3 +91,12 @@ def test_help_lists_the_main_options(capsys) -> None:  # noqa: ANN001
         "torchrun",
     ):
         assert flag in out, flag
+
+
+def test_synthetic_throughput_mode_runs(tmp_path) -> None:  # noqa: ANN001
+    argv = ["--synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
+    argv += ["--epochs", "1", "--width", "8", "--no-progress", "--device", "cpu", "--out-dir", str(tmp_path)]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["dataset"] == "synthetic" and summary["config"]["image_size"] == 72
+    assert summary["steps"] == 4 and summary["test_accuracy"] is None
