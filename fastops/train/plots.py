@@ -50,6 +50,7 @@ def plot_compare(results: dict[str, dict[str, Any]], path: Path) -> None:
         values = [(results[n].get(key) or 0.0) * scale for n in names]
         bars = ax.bar(names, values, color=["tab:orange", "tab:gray"][: len(names)])
         ax.bar_label(bars, fmt="%.1f" if key != "test_accuracy" else "%.2f")
+        ax.margins(y=0.12)  # room for the labels above the bars
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
