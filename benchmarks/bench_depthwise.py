@@ -45,7 +45,9 @@ QUICK = ["mbv2.c32.112.s1", "mbv2.c96.112.s2", "mbv2.c384.14.s1", "cnxa.c40.56.k
 PASSES = ("fwd", "dgrad", "wgrad", "full")
 
 
-def _eager_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: int, pad: int, mask: list[bool]):  # noqa: ANN202
+def _eager_backward(
+    x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: int, pad: int, mask: list[bool]
+):  # noqa: ANN202
     return torch.ops.aten.convolution_backward(
         g, x, w, [w.shape[0]], [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], w.shape[0], mask
     )
@@ -75,11 +77,15 @@ def _providers(
             "eager": lambda: eager_fwd(x, w, b),
         },
         "dgrad": {
-            "fastops": lambda: torch.ops.fastops.depthwise_conv2d_backward_input(g, w, list(x.shape), *args4, cl),
+            "fastops": lambda: torch.ops.fastops.depthwise_conv2d_backward_input(
+                g, w, list(x.shape), *args4, cl
+            ),
             "eager": lambda: _eager_backward(x, w, g, stride, pad, [True, False, False]),
         },
         "wgrad": {
-            "fastops": lambda: torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, list(w.shape[2:]), *args4),
+            "fastops": lambda: torch.ops.fastops.depthwise_conv2d_backward_weight(
+                g, x, list(w.shape[2:]), *args4
+            ),
             "eager": lambda: _eager_backward(x, w, g, stride, pad, [False, True, True]),
         },
         "full": {"fastops": full(ours_fwd), "eager": full(eager_fwd)},
@@ -118,7 +124,12 @@ def summary(results: list[common.Result]) -> str:
                 continue
             nchw = times.get((dtype, p, case, "nchw"), {}).get("eager")
             cl = times.get((dtype, p, case, "channels_last"), {}).get("eager")
-            for key, other in (("same", mine.get("eager")), ("nchw", nchw), ("cl", cl), ("compile", mine.get("compile"))):
+            for key, other in (
+                ("same", mine.get("eager")),
+                ("nchw", nchw),
+                ("cl", cl),
+                ("compile", mine.get("compile")),
+            ):
                 if other:
                     cols[key].append(other / ours)
 
@@ -137,8 +148,11 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 32 CPU, 256 CUDA)")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's default)")
     args = parser.parse_args()
     device = args.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if device == "cpu" and not args.fresh_pages:
         common.fair_cpu_allocation()
     batch = args.batch or (32 if device == "cpu" else 256)
@@ -212,7 +226,9 @@ def main() -> None:
         notes += " CPU allocations: " + (
             "fresh pages (glibc default)" if args.fresh_pages else "glibc mmap disabled, freed blocks reused"
         )
-    csv_path, md_path = common.write_results("depthwise_conv2d", device, results, roofline, args.out, args.tag, notes)
+    csv_path, md_path = common.write_results(
+        "depthwise_conv2d", device, results, roofline, args.out, args.tag, notes
+    )
     print(table)
     print(f"wrote {csv_path} and {md_path}")
 

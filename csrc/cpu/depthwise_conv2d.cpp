@@ -184,23 +184,31 @@ void fill_phases(A* buf, const PhaseLayout& p, const T* src, int64_t h, int64_t 
   }
 }
 
-template <typename T>
-void forward_nchw(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc, at::Tensor& y,
-                  const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
-  constexpr int64_t L = at::vec::Vectorized<A>::size();
-  const int64_t taps = g.taps();
-  // Phase-space offsets of each tap: rows (kh*dh)/sh, columns (kw*dw)/sw, in phase (kh*dh)%sh, ...
+// The input's phase planes as the forward and the weight gradient read them, and each tap's
+// offset there: phase ((kh*dh) % sh, (kw*dw) % sw), row (kh*dh) / sh, column (kw*dw) / sw.
+PhaseLayout input_phases(const DepthwiseGeometry& g, int64_t vec, std::vector<int64_t>& tap_off) {
   const int64_t pitch = g.OW + (g.KW - 1) * g.dw / g.sw + 1;
   const int64_t rows = g.OH + (g.KH - 1) * g.dh / g.sh + 1;
-  const PhaseLayout p = phase_layout(g.sh, g.sw, rows, pitch, L);
-  std::vector<int64_t> tap_off(taps);
+  const PhaseLayout p = phase_layout(g.sh, g.sw, rows, pitch, vec);
+  tap_off.resize(g.taps());
   for (int64_t kh = 0; kh < g.KH; ++kh) {
     for (int64_t kw = 0; kw < g.KW; ++kw) {
       const int64_t phase = ((kh * g.dh) % g.sh) * g.sw + (kw * g.dw) % g.sw;
       tap_off[kh * g.KW + kw] = phase * p.plane + (kh * g.dh / g.sh) * pitch + kw * g.dw / g.sw;
     }
   }
+  return p;
+}
+
+template <typename T>
+void forward_nchw(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc, at::Tensor& y,
+                  const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  constexpr int64_t L = at::vec::Vectorized<A>::size();
+  const int64_t taps = g.taps();
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
+  const int64_t pitch = p.pitch;
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const A* wp = wacc.const_data_ptr<A>();
@@ -301,16 +309,9 @@ void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor&
   constexpr int64_t L = V::size();
   constexpr int64_t G = 8;  // taps per group: 8 accumulators + 1 grad vector stay in registers
   const int64_t taps = g.taps();
-  const int64_t pitch = g.OW + (g.KW - 1) * g.dw / g.sw + 1;
-  const int64_t rows = g.OH + (g.KH - 1) * g.dh / g.sh + 1;
-  const PhaseLayout p = phase_layout(g.sh, g.sw, rows, pitch, L);
-  std::vector<int64_t> tap_off(taps);
-  for (int64_t kh = 0; kh < g.KH; ++kh) {
-    for (int64_t kw = 0; kw < g.KW; ++kw) {
-      const int64_t phase = ((kh * g.dh) % g.sh) * g.sw + (kw * g.dw) % g.sw;
-      tap_off[kh * g.KW + kw] = phase * p.plane + (kh * g.dh / g.sh) * pitch + kw * g.dw / g.sw;
-    }
-  }
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
+  const int64_t pitch = p.pitch;
   const T* xp = x.const_data_ptr<T>();
   const T* gp = go.const_data_ptr<T>();
   A* wsp = ws.data_ptr<A>();
@@ -809,20 +810,6 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 
 // ---- entry points ----------------------------------------------------------------------------------
 
-void check_inputs(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_floating(kOp, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ", str(x.sizes()));
-  check_same_device(kOp, "weight", weight, "x", x);
-  check_same_dtype(kOp, "weight", weight, "x", x);
-  check_depthwise_weight(kOp, weight, x.size(1));
-  if (bias.has_value() && bias->defined()) {
-    check_same_device(kOp, "bias", *bias, "x", x);
-    check_same_dtype(kOp, "bias", *bias, "x", x);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1), "fastops.depthwise_conv2d: expected bias of shape (",
-                str(x.size(1)), ",), got ", str(bias->sizes()));
-  }
-}
-
 // Weights as (C, taps) in the accumulation type (NCHW kernels) or transposed to (taps, Cp) with the
 // channel dimension zero-padded to whole vectors (NHWC kernels).
 at::Tensor weights_acc(const at::Tensor& weight, at::ScalarType acc, bool transposed, int64_t vec) {
@@ -849,7 +836,7 @@ constexpr int64_t acc_vec_size() {
 
 at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
-  check_inputs(x_in, weight, bias);
+  check_depthwise_inputs(x_in, weight, bias);
   const DepthwiseGeometry g =
       make_depthwise_geometry(kOp, x_in.sizes(), weight.size(2), weight.size(3), stride, padding, dilation);
   const bool cl = use_channels_last(x_in);
@@ -874,18 +861,8 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
 at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::Tensor& weight,
                                            c10::SymIntArrayRef input_size_sym, at::IntArrayRef stride,
                                            at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
-  const char* op = "depthwise_conv2d_backward_input";
   const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
-  check_floating(op, "grad_out", grad_in);
-  check_same_device(op, "weight", weight, "grad_out", grad_in);
-  check_same_dtype(op, "weight", weight, "grad_out", grad_in);
-  const DepthwiseGeometry g =
-      make_depthwise_geometry(op, input_size, weight.size(2), weight.size(3), stride, padding, dilation);
-  check_depthwise_weight(op, weight, g.C);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.C && grad_in.size(2) == g.OH &&
-                  grad_in.size(3) == g.OW,
-              "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({g.N, g.C, g.OH, g.OW})), ", got ",
-              str(grad_in.sizes()));
+  const DepthwiseGeometry g = check_depthwise_backward_input(grad_in, weight, input_size, stride, padding, dilation);
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   const at::Tensor go = grad_in.contiguous(fmt);
   at::Tensor dx = at::empty(input_size, go.options().memory_format(fmt));
@@ -906,19 +883,7 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
 std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                     at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                                     at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const char* op = "depthwise_conv2d_backward_weight";
-  check_floating(op, "x", x_in);
-  check_same_device(op, "grad_out", grad_in, "x", x_in);
-  check_same_dtype(op, "grad_out", grad_in, "x", x_in);
-  TORCH_CHECK(x_in.dim() == 4, "fastops.", op, ": expected x to be 4-D, got sizes ", str(x_in.sizes()));
-  TORCH_CHECK(kernel_size.size() == 2, "fastops.", op, ": expected kernel_size to be 2 integers, got ",
-              str(kernel_size));
-  const DepthwiseGeometry g =
-      make_depthwise_geometry(op, x_in.sizes(), kernel_size[0], kernel_size[1], stride, padding, dilation);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.C && grad_in.size(2) == g.OH &&
-                  grad_in.size(3) == g.OW,
-              "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({g.N, g.C, g.OH, g.OW})), ", got ",
-              str(grad_in.sizes()));
+  const DepthwiseGeometry g = check_depthwise_backward_weight(grad_in, x_in, kernel_size, stride, padding, dilation);
   const bool cl = use_channels_last(x_in);
   const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   const at::Tensor x = x_in.contiguous(fmt);

@@ -246,23 +246,9 @@ void check_geo_fits(const DepthwiseGeometry& g) {
       "fastops.depthwise_conv2d: kernel, stride, padding and dilation must be below 2^30 on CUDA");
 }
 
-void check_inputs(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  check_floating(kOp, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ", str(x.sizes()));
-  check_same_device(kOp, "weight", weight, "x", x);
-  check_same_dtype(kOp, "weight", weight, "x", x);
-  check_depthwise_weight(kOp, weight, x.size(1));
-  if (bias.has_value() && bias->defined()) {
-    check_same_device(kOp, "bias", *bias, "x", x);
-    check_same_dtype(kOp, "bias", *bias, "x", x);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1), "fastops.depthwise_conv2d: expected bias of shape (",
-                str(x.size(1)), ",), got ", str(bias->sizes()));
-  }
-}
-
 at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
-  check_inputs(x_in, weight, bias);
+  check_depthwise_inputs(x_in, weight, bias);
   const DepthwiseGeometry dg =
       make_depthwise_geometry(kOp, x_in.sizes(), weight.size(2), weight.size(3), stride, padding, dilation);
   check_geo_fits(dg);
@@ -323,19 +309,9 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
 at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::Tensor& weight,
                                            c10::SymIntArrayRef input_size_sym, at::IntArrayRef stride,
                                            at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
-  const char* op = "depthwise_conv2d_backward_input";
   const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
-  check_floating(op, "grad_out", grad_in);
-  check_same_device(op, "weight", weight, "grad_out", grad_in);
-  check_same_dtype(op, "weight", weight, "grad_out", grad_in);
-  const DepthwiseGeometry dg =
-      make_depthwise_geometry(op, input_size, weight.size(2), weight.size(3), stride, padding, dilation);
-  check_depthwise_weight(op, weight, dg.C);
+  const DepthwiseGeometry dg = check_depthwise_backward_input(grad_in, weight, input_size, stride, padding, dilation);
   check_geo_fits(dg);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == dg.N && grad_in.size(1) == dg.C && grad_in.size(2) == dg.OH &&
-                  grad_in.size(3) == dg.OW,
-              "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({dg.N, dg.C, dg.OH, dg.OW})),
-              ", got ", str(grad_in.sizes()));
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   const at::Tensor go = grad_in.contiguous(fmt);
@@ -362,20 +338,8 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
 std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                     at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                                     at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const char* op = "depthwise_conv2d_backward_weight";
-  check_floating(op, "x", x_in);
-  check_same_device(op, "grad_out", grad_in, "x", x_in);
-  check_same_dtype(op, "grad_out", grad_in, "x", x_in);
-  TORCH_CHECK(x_in.dim() == 4, "fastops.", op, ": expected x to be 4-D, got sizes ", str(x_in.sizes()));
-  TORCH_CHECK(kernel_size.size() == 2, "fastops.", op, ": expected kernel_size to be 2 integers, got ",
-              str(kernel_size));
-  const DepthwiseGeometry dg =
-      make_depthwise_geometry(op, x_in.sizes(), kernel_size[0], kernel_size[1], stride, padding, dilation);
+  const DepthwiseGeometry dg = check_depthwise_backward_weight(grad_in, x_in, kernel_size, stride, padding, dilation);
   check_geo_fits(dg);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == dg.N && grad_in.size(1) == dg.C && grad_in.size(2) == dg.OH &&
-                  grad_in.size(3) == dg.OW,
-              "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({dg.N, dg.C, dg.OH, dg.OW})),
-              ", got ", str(grad_in.sizes()));
   const c10::cuda::CUDAGuard guard(x_in.device());
   const bool cl = use_channels_last(x_in);
   const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
@@ -391,12 +355,14 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
   const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(1024, (positions + kPerPart - 1) / kPerPart));
   const int64_t per_part = std::max<int64_t>(1, (positions + parts - 1) / parts);
   const int tap_groups = (taps + kMaxTaps - 1) / kMaxTaps;
-  TORCH_CHECK(tap_groups < 65536, "fastops.", op, ": kernel too large for the CUDA weight gradient");
+  TORCH_CHECK(tap_groups < 65536,
+              "fastops.depthwise_conv2d_backward_weight: kernel too large for the CUDA weight gradient");
   at::Tensor ws = at::empty({parts, dg.C, taps + 1}, x.options().dtype(at::kFloat));
   const Geo g = to_geo(dg);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t channel_blocks = cl ? (dg.C + 31) / 32 : dg.C;
-  TORCH_CHECK(channel_blocks < 65536, "fastops.", op, ": more than 65535 channel blocks is not supported on CUDA");
+  TORCH_CHECK(channel_blocks < 65536,
+              "fastops.depthwise_conv2d_backward_weight: more than 65535 channel blocks is not supported on CUDA");
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_depthwise_wgrad_cuda", [&] {
     const scalar_t* gp = go.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();

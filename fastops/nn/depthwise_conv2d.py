@@ -92,8 +92,8 @@ class DepthwiseConv2d(nn.Module):
         m = cls(
             c, conv.kernel_size, conv.stride, padding, conv.dilation, conv.bias is not None, device="meta"
         )
-        m.weight = conv.weight
-        m.bias = conv.bias
+        m.weight = conv.weight  # type: ignore[assignment]  # the same Parameter object
+        m.bias = conv.bias  # type: ignore[assignment]
         return m
 
 
@@ -132,6 +132,8 @@ class DepthwiseSeparableConv2d(nn.Module):
     def from_torch(cls, module: nn.Module) -> DepthwiseSeparableConv2d:
         """From ``nn.Sequential(depthwise nn.Conv2d, 1x1 nn.Conv2d)`` or any module with ``depthwise``
         and ``pointwise`` nn.Conv2d children, sharing their Parameter objects."""
+        dw: object
+        pw: object
         if isinstance(module, nn.Sequential) and len(module) == 2:
             dw, pw = module[0], module[1]
         elif hasattr(module, "depthwise") and hasattr(module, "pointwise"):
@@ -144,6 +146,11 @@ class DepthwiseSeparableConv2d(nn.Module):
         if not isinstance(pw, nn.Conv2d) or pw.kernel_size != (1, 1) or pw.groups != 1:
             raise ValueError(
                 "fastops.nn.DepthwiseSeparableConv2d.from_torch: expected the pointwise conv to be a 1x1 nn.Conv2d"
+            )
+        if not isinstance(dw, (DepthwiseConv2d, nn.Conv2d)):
+            raise TypeError(
+                "fastops.nn.DepthwiseSeparableConv2d.from_torch: expected the depthwise conv to be an nn.Conv2d, "
+                f"got {type(dw).__name__}"
             )
         m = cls.__new__(cls)
         nn.Module.__init__(m)

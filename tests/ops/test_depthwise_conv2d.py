@@ -149,9 +149,12 @@ _HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])]
     ("case", "layout"), _HALF_CASES, ids=lambda v: _ids(v) if isinstance(v, tuple) else v
 )
 def test_matches_conv2d_low_precision(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    _check(case, dtype, device, layout)
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the eager fp32 reference must be true fp32 on CUDA
+    try:
+        _check(case, dtype, device, layout)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
 
 
 @devices
@@ -208,6 +211,19 @@ def test_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
                 assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _layout(torch.randn(8, 40, 57, 31, device="cuda", dtype=dtype), layout)
+        g = _layout(torch.randn(8, 40, 29, 16, device="cuda", dtype=dtype), layout)
+        args = ([7, 7], [2, 2], [3, 3, 3, 3], [1, 1])
+        first = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+        for _ in range(3):
+            again = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+            assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
 
 
 @devices

@@ -7,6 +7,7 @@
 #include <fastops/checks.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace fastops {
@@ -79,6 +80,62 @@ inline void check_depthwise_weight(const char* op, const at::Tensor& weight, int
               ": expected weight of shape (C, 1, kh, kw) (channel multiplier 1), got ", str(weight.sizes()));
   TORCH_CHECK(weight.size(0) == channels, "fastops.", op, ": expected weight.size(0) == channels of x (", str(channels),
               "), got weight of shape ", str(weight.sizes()));
+}
+
+inline void check_grad_out_shape(const char* op, const at::Tensor& grad, const DepthwiseGeometry& g) {
+  TORCH_CHECK(
+      grad.dim() == 4 && grad.size(0) == g.N && grad.size(1) == g.C && grad.size(2) == g.OH && grad.size(3) == g.OW,
+      "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({g.N, g.C, g.OH, g.OW})), ", got ",
+      str(grad.sizes()));
+}
+
+// The forward's checks on x, weight and bias (what F.conv2d(groups=C) would reject, in our words).
+inline void check_depthwise_inputs(const at::Tensor& x, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias) {
+  const char* op = "depthwise_conv2d";
+  check_floating(op, "x", x);
+  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ", str(x.sizes()));
+  check_same_device(op, "weight", weight, "x", x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  check_depthwise_weight(op, weight, x.size(1));
+  if (bias.has_value() && bias->defined()) {
+    check_same_device(op, "bias", *bias, "x", x);
+    check_same_dtype(op, "bias", *bias, "x", x);
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1), "fastops.depthwise_conv2d: expected bias of shape (",
+                str(x.size(1)), ",), got ", str(bias->sizes()));
+  }
+}
+
+inline DepthwiseGeometry check_depthwise_backward_input(const at::Tensor& grad, const at::Tensor& weight,
+                                                        at::IntArrayRef input_size, at::IntArrayRef stride,
+                                                        at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const char* op = "depthwise_conv2d_backward_input";
+  check_floating(op, "grad_out", grad);
+  check_same_device(op, "weight", weight, "grad_out", grad);
+  check_same_dtype(op, "weight", weight, "grad_out", grad);
+  TORCH_CHECK(weight.dim() == 4, "fastops.", op, ": expected weight of shape (C, 1, kh, kw), got ",
+              str(weight.sizes()));
+  const DepthwiseGeometry g =
+      make_depthwise_geometry(op, input_size, weight.size(2), weight.size(3), stride, padding, dilation);
+  check_depthwise_weight(op, weight, g.C);
+  check_grad_out_shape(op, grad, g);
+  return g;
+}
+
+inline DepthwiseGeometry check_depthwise_backward_weight(const at::Tensor& grad, const at::Tensor& x,
+                                                         at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                                         at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const char* op = "depthwise_conv2d_backward_weight";
+  check_floating(op, "x", x);
+  check_same_device(op, "grad_out", grad, "x", x);
+  check_same_dtype(op, "grad_out", grad, "x", x);
+  TORCH_CHECK(x.dim() == 4, "fastops.", op, ": expected x to be 4-D, got sizes ", str(x.sizes()));
+  TORCH_CHECK(kernel_size.size() == 2, "fastops.", op, ": expected kernel_size to be 2 integers, got ",
+              str(kernel_size));
+  const DepthwiseGeometry g =
+      make_depthwise_geometry(op, x.sizes(), kernel_size[0], kernel_size[1], stride, padding, dilation);
+  check_grad_out_shape(op, grad, g);
+  return g;
 }
 
 }  // namespace fastops
