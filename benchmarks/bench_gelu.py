@@ -110,7 +110,12 @@ def _print(group: list[common.Result]) -> None:
 
 def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[common.Result]:  # noqa: ANN001
     results: list[common.Result] = []
-    sizes = [(1 << 20,), (4096, 4096)] if args.quick else [(1 << 16,), (1 << 20,), (1 << 22,), (4096, 4096)]
+    if args.quick:
+        sizes = [(1 << 20,), (4096, 4096)]
+    elif device == "cuda":  # large enough to reach the copy roofline
+        sizes = [(1 << 20,), (1 << 24,), (1 << 26,), (4096, 4096)]
+    else:
+        sizes = [(1 << 16,), (1 << 20,), (1 << 22,), (4096, 4096)]
     for approximate in ("none", "tanh"):
         case = "erf" if approximate == "none" else "tanh"
 
@@ -158,7 +163,11 @@ def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[comm
 
 def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list[common.Result]:  # noqa: ANN001
     results: list[common.Result] = []
-    shapes = {"none": [(4096, 4096)] if args.quick else [(1024, 4096), (4096, 4096)], "tanh": [(4096, 4096)]}
+    big = [(16384, 4096)] if device == "cuda" and not args.quick else []
+    shapes = {
+        "none": [(4096, 4096)] if args.quick else [(1024, 4096), (4096, 4096), *big],
+        "tanh": [(4096, 4096), *big],
+    }
     for approximate, shape_list in shapes.items():
         case = "bias_gelu_erf" if approximate == "none" else "bias_gelu_tanh"
 

@@ -58,6 +58,20 @@ inline FVec abs_min(const FVec& x, const FVec& c) {
 #endif
 }
 
+// lo = u*u - hi exactly, for hi = u*u rounded: one FMA where the ISA has one; otherwise (the
+// DEFAULT build, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
+// Veltkamp's split of u into 12 + 12 bits, exact in plain fp32 arithmetic.
+inline FVec square_low(const FVec& u, const FVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmsub(u, u, hi);
+#else
+  const FVec c = u * FVec(4097.0f);
+  const FVec uh = c - (c - u);
+  const FVec ul = u - uh;
+  return ((uh * uh - hi) + FVec(2.0f) * uh * ul) + ul * ul;
+#endif
+}
+
 // Two accuracy levels of the erf form's pieces. kFull (fp32 and fp64 outputs, and every backward:
 // Phi + x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever
 // the output dtype): a few fp32 ulp everywhere. kReduced (fp16/bf16 forward only): Q of degree
@@ -84,7 +98,7 @@ inline FVec gauss(const FVec& u) {
   r = fnmadd(n, FVec(-2.12194440e-4f), r);
   FVec p;
   if constexpr (kAcc == Accuracy::kFull) {
-    r = at::vec::fmadd(at::vec::fmsub(u, u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
+    r = at::vec::fmadd(square_low(u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
     p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
     p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
     p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
@@ -98,7 +112,7 @@ inline FVec gauss(const FVec& u) {
 #else
   const FVec e = a.exp();
   if constexpr (kAcc == Accuracy::kFull) {
-    return at::vec::fmadd(e, at::vec::fmsub(u, u, hi) * FVec(-0.5f), e);
+    return at::vec::fmadd(e, square_low(u, hi) * FVec(-0.5f), e);
   } else {
     return e;
   }
@@ -248,16 +262,6 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
 
 // ---- bias_gelu ----------------------------------------------------------------------------------
 
-void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
-  check_floating(op, "x", x);
-  check_same_device(op, "bias", bias, "x", x);
-  check_same_dtype(op, "bias", bias, "x", x);
-  TORCH_CHECK(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
-              ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
-              str(bias.sizes()));
-}
-
 // Applies f(i, col, len) to every row segment of the flat range [begin, end) of a rows x n matrix.
 template <typename F>
 inline void for_each_row_segment(int64_t begin, int64_t end, int64_t n, const F& f) {
@@ -391,7 +395,7 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
 
 at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu", approximate);
-  check_bias("bias_gelu", x_in, bias_in);
+  gm::check_bias_args("bias_gelu", x_in, bias_in);
   const at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty(x.sizes(), x.options());
   const int64_t n = x.size(-1);
@@ -413,7 +417,7 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                       const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu_backward", approximate);
-  check_bias("bias_gelu_backward", x_in, bias_in);
+  gm::check_bias_args("bias_gelu_backward", x_in, bias_in);
   check_same_dtype("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
   check_same_shape("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
   const at::Tensor x = x_in.contiguous();

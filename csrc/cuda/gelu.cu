@@ -279,19 +279,9 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
   return dx;
 }
 
-void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
-  check_floating(op, "x", x);
-  check_same_device(op, "bias", bias, "x", x);
-  check_same_dtype(op, "bias", bias, "x", x);
-  TORCH_CHECK(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
-              ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
-              str(bias.sizes()));
-}
-
 at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu", approximate);
-  check_bias("bias_gelu", x_in, bias_in);
+  gm::check_bias_args("bias_gelu", x_in, bias_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous();
   const at::Tensor bias = bias_in.contiguous();
@@ -322,7 +312,7 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                       const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu_backward", approximate);
-  check_bias("bias_gelu_backward", x_in, bias_in);
+  gm::check_bias_args("bias_gelu_backward", x_in, bias_in);
   check_same_device("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
   check_same_dtype("bias_gelu_backward", "grad_out", grad_in, "x", x_in);
   check_same_shape("bias_gelu_backward", "grad_out", grad_in, "x", x_in);

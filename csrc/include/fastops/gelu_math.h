@@ -1,5 +1,6 @@
-// GELU math shared by the CPU and CUDA kernels: constants, the erf-tail approximation and the
-// string -> form parsing. Scalar functions are host+device so the CUDA kernels use the same math.
+// GELU pieces shared by the CPU and CUDA kernels: constants, the erf-tail approximation, the
+// string -> form parsing and the bias_gelu argument checks. Scalar functions are host+device so the CUDA kernels use
+// the same math.
 //
 // The erf form is written through the upper tail of the normal distribution,
 //   T(u) = P(Z > u) = 0.5 * erfc(u / sqrt2) = exp(-u^2/2) * Q(u),  u = |x|,
@@ -15,8 +16,10 @@
 // few fp32 ulp of the float64 value for every x down to where it underflows (x ~ -14).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
+#include <fastops/checks.h>
 
 #include <cmath>
 #include <string_view>
@@ -56,6 +59,17 @@ inline bool parse_tanh(const char* op, std::string_view approximate) {
   TORCH_CHECK(approximate == "none" || approximate == "tanh", "fastops.", op,
               ": expected approximate to be 'none' or 'tanh', got '", std::string(approximate), "'");
   return approximate == "tanh";
+}
+
+// bias_gelu's argument checks, shared by the CPU and CUDA kernels (and mirrored in fastops/ops/gelu.py).
+inline void check_bias_args(const char* op, const at::Tensor& x, const at::Tensor& bias) {
+  check_floating(op, "x", x);
+  check_same_device(op, "bias", bias, "x", x);
+  check_same_dtype(op, "bias", bias, "x", x);
+  TORCH_CHECK(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
+              ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
+              str(bias.sizes()));
 }
 
 // Scalar fp32 versions (CUDA kernels).
