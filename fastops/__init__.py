@@ -22,7 +22,7 @@ from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 # gelu (issue 3)
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 
-# fused_adam (issue 4): fastops.optim.FusedAdam / FusedAdamW
+# fused_adam (issue 4): fastops.optim (imported above)
 # depthwise_conv2d (issue 5)
 # swap + training (issue 6)
 from fastops.swap import swap_modules  # noqa: E402

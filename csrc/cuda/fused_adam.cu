@@ -5,7 +5,7 @@
 // whole GPU. The table of tensors travels in the kernel's argument block: base pointers of the
 // 4 or 5 lists, the step pointer, numel, a 16-byte-alignment flag and the prefix sum of chunk
 // counts, from which a block finds its tensor by binary search. With CUDA >= 12.1 the argument block
-// may hold 32764 bytes (~500 tensors a launch), before that 4 KB (~60); longer lists take more
+// may hold 32764 bytes (613 tensors a launch, 532 with amsgrad), before that 4 KB (72 / 62); longer lists take more
 // launches. Empty tensors get no chunk at all, wherever they are in the list (an empty last tensor
 // does not end the launch early). Aligned tensors move 16 bytes per load and store; others, and the
 // last numel % vector-width elements, go element by element. Math in fp32, indices in 64 bits.

@@ -18,6 +18,10 @@ from torch.optim.optimizer import Optimizer, ParamsT
 
 __all__ = ["FusedAdam", "FusedAdamW", "fused_adam"]
 
+# Bound once: saves the attribute lookups every step, and lists the op in torch.ops.fastops (which
+# fills in lazily; fastops.info enumerates it).
+_fused_adam_op = torch.ops.fastops.fused_adam_.default
+
 
 def _scalar(name: str, value: float | Tensor) -> float:
     if isinstance(value, Tensor):
@@ -114,7 +118,7 @@ def fused_adam(
             lr_float = float(lr)
         scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
         inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
-        torch.ops.fastops.fused_adam_.default(
+        _fused_adam_op(
             *sel,
             lr_tensor,
             lr_float,

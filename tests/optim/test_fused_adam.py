@@ -389,6 +389,23 @@ def test_tensor_lr_updated_in_place_and_params_without_grad(device: str) -> None
     assert float(opt.state[ours[0]]["step"]) == 2.0
 
 
+def test_decoupled_flag_closure_and_defaults() -> None:
+    """FusedAdam(decoupled_weight_decay=True) is AdamW; step(closure) returns the loss; defaults as torch."""
+    base = _params("cpu")
+    a, b = _leaves(base), _leaves(base)
+    opt = FusedAdam(a, lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)
+    ref = torch.optim.AdamW(b, lr=1e-2, weight_decay=0.1, foreach=False)
+    _run(opt, a, 3)
+    _run(ref, b, 3)
+    _assert_state_equal(opt, ref)
+    assert opt.step(lambda: 1.5) == 1.5
+    for fast_cls, torch_cls in ((FusedAdam, torch.optim.Adam), (FusedAdamW, torch.optim.AdamW)):
+        ours, theirs = fast_cls([torch.zeros(1)]).defaults, torch_cls([torch.zeros(1)]).defaults
+        assert {k: ours[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")} == {
+            k: theirs[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+        }
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -558,6 +575,20 @@ def test_cuda_graph_capture_of_a_training_step() -> None:
     assert float(opt.state[model.weight]["step"]) == 7.0
     for a, b in zip(model.parameters(), ref_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@cuda_only
+def test_one_group_on_two_devices() -> None:
+    """A group holding CPU and CUDA params: one kernel call per device, lr/grad_scale/found_inf moved."""
+    base = _params("cpu")
+    base = [t if i % 2 else t.cuda() for i, t in enumerate(base)]
+    ours, theirs = _leaves(base), _leaves(base)
+    opt = FusedAdamW(ours, lr=torch.tensor(1e-2), amsgrad=True)
+    ref = torch.optim.AdamW(theirs, lr=1e-2, amsgrad=True, foreach=False)
+    _run(opt, ours, 3)
+    _run(ref, theirs, 3)
+    _assert_state_equal(opt, ref)
+    assert all(opt.state[p]["step"].device == p.device for p in ours)
 
 
 # --- DDP --------------------------------------------------------------------------------------------
