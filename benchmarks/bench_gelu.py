@@ -51,17 +51,7 @@ def measure_group(
     rounds = 0
     while rounds < 1000 and (rounds < 5 or time.perf_counter() - start < min_time * len(fns)):
         for name, fn in fns.items():
-            if device == "cuda":
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                begin.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times[name].append(begin.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times[name].append((time.perf_counter() - t0) * 1e3)
+            times[name] += common.time_ms(fn, device, warmup=0, max_reps=1, min_reps=1)
         rounds += 1
     results = []
     for name, ts in times.items():
@@ -329,8 +319,10 @@ def main() -> None:
             )
             + f", {torch.get_num_threads()} torch thread(s)"
             + ". The CPU (2 cores) is shared with other jobs while this runs: expect noise of 10-30%; every "
-            "case times its providers interleaved, call by call, so load falls on all of them alike. "
-            "Read medians with p20/p80.\n" + CPU_ANALYSIS
+            "case times its providers interleaved, call by call, so load falls on all of them alike; calls "
+            "longer than ~1 ms can still lose a whole scheduler slice (~5 ms) to another job, which "
+            "inflates a slower provider's median more than a faster one's: read medians with p20/p80.\n"
+            + CPU_ANALYSIS
         )
     table = common.format_table(results, roofline)
     csv_path, md_path = common.write_results(OP, device, results, roofline, args.out, args.tag, notes)
