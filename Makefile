@@ -2,6 +2,7 @@
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
 #   make bench       run the benchmarks on this machine, results into benchmarks/results/
+#   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
 #   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)
 SHELL := /bin/bash
@@ -37,6 +38,9 @@ bench: install
 	$(PY) -m benchmarks.bench_clipped_log
 	$(PY) -m benchmarks.bench_gelu
 	$(PY) -m benchmarks.bench_adam
+
+demo: install
+	$(PY) -m fastops.train --compare --out-dir runs/demo
 
 lint: env
 	$(PY) -m ruff check fastops tests benchmarks setup.py

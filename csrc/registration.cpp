@@ -60,5 +60,15 @@ TORCH_LIBRARY(fastops, m) {
       "float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
       "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
 
-  // depthwise_conv2d (issue 5)
+  // depthwise_conv2d (issue 5): F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
+  // (top, bottom, left, right); fastops/ops/depthwise_conv2d.py
+  m.def(
+      "depthwise_conv2d(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation) "
+      "-> Tensor");
+  m.def(
+      "depthwise_conv2d_backward_input(Tensor grad_out, Tensor weight, SymInt[4] input_size, int[2] stride, "
+      "int[4] padding, int[2] dilation, bool channels_last) -> Tensor");
+  m.def(
+      "depthwise_conv2d_backward_weight(Tensor grad_out, Tensor x, int[2] kernel_size, int[2] stride, "
+      "int[4] padding, int[2] dilation) -> (Tensor, Tensor)");
 }

@@ -2,7 +2,10 @@
 
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
+  depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
+  swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
+  fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
   fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
   fastops.reference               plain-PyTorch definitions of every op
@@ -14,13 +17,9 @@ _extension.load()
 
 from fastops import nn, ops, optim, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
-
-# gelu (issue 3)
+from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
-
-# fused_adam (issue 4)
-
-# depthwise_conv2d (issue 5)
+from fastops.swap import swap_modules  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -28,9 +27,11 @@ __all__ = [
     "__version__",
     "bias_gelu",
     "clipped_log",
+    "depthwise_conv2d",
     "gelu",
     "nn",
     "ops",
     "optim",
     "reference",
+    "swap_modules",
 ]

@@ -1,6 +1,7 @@
 """Public functions of every op, with their fake kernels, autograd and autocast rules."""
 
 from fastops.ops.clipped_log import clipped_log
+from fastops.ops.depthwise_conv2d import depthwise_conv2d
 from fastops.ops.gelu import bias_gelu, gelu
 
-__all__ = ["bias_gelu", "clipped_log", "gelu"]
+__all__ = ["bias_gelu", "clipped_log", "depthwise_conv2d", "gelu"]

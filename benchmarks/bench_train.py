@@ -1,0 +1,153 @@
+"""Training steps/s of the main job's model: fastops (swapped modules + FusedAdamW) vs stock
+(nn.Conv2d(groups=C), nn.GELU, nn.Linear, torch.optim.AdamW), eager and torch.compile'd.
+
+One timed call is one full optimizer step of fastops.train.train_step: zero_grad, forward,
+cross-entropy, backward, grad-norm clipping, optimizer step. Both providers start from the same
+weights (the fastops model is the stock one after swap_modules) and see the same batch.
+
+Configurations: ``digits`` (the default main job: 1x16x16 inputs, width 32, batch 64) and
+``synthetic224`` (3x224x224, batch 256: the GPU throughput run). ``--profile`` prints where the
+time of one step goes, per op, for both providers.
+
+    python -m benchmarks.bench_train [--device cpu|cuda] [--quick] [--config digits synthetic224]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import common
+from fastops.swap import swap_modules
+from fastops.train import amp
+from fastops.train.config import TrainConfig
+from fastops.train.loop import train_step
+from fastops.train.model import ConvNet
+from fastops.train.trainer import make_optimizer
+
+CONFIGS = {
+    "digits": dict(in_channels=1, image_size=16, batch_size=64, width=32),
+    "synthetic224": dict(in_channels=3, image_size=224, batch_size=256, width=32),
+}
+
+
+def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode: str, memory_format):  # noqa: ANN001, ANN201
+    spec = CONFIGS[config]
+    torch.manual_seed(0)
+    model = ConvNet(spec["in_channels"], 10, spec["image_size"], width=spec["width"], dropout=0.1)
+    if provider == "fastops":
+        swap_modules(model)
+    model = model.to(device, memory_format=memory_format).train()
+    cfg = TrainConfig(fastops=provider == "fastops")
+    optimizer = make_optimizer(model, cfg)
+    runner = torch.compile(model) if compiled else model
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(
+        spec["batch_size"], spec["in_channels"], spec["image_size"], spec["image_size"], generator=g
+    )
+    x = x.to(device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 10, (spec["batch_size"],), generator=g).to(device)
+    dev = torch.device(device)
+    scaler = amp.make_scaler(amp_mode, dev)
+
+    def step() -> None:
+        train_step(
+            runner,
+            [(x, y)],
+            optimizer=optimizer,
+            scaler=scaler,
+            autocast=lambda: amp.autocast(amp_mode, dev),
+            grad_clip=1.0,
+        )
+
+    return step
+
+
+def profile_step(step, device: str, title: str) -> None:  # noqa: ANN001
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(5):
+            step()
+    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    print(f"\n=== {title}: 5 steps ===")
+    print(prof.key_averages().table(sort_by=sort, row_limit=18, max_name_column_width=48))
+
+
+def main() -> None:
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=None)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
+    parser.add_argument("--profile", action="store_true", help="print per-op profiles (eager) and exit")
+    args = parser.parse_args()
+    device = args.device
+    if device == "cpu" and not args.fresh_pages:
+        common.fair_cpu_allocation()
+    configs = args.config or (["digits", "synthetic224"] if device == "cuda" else ["digits"])
+    memory_format = torch.channels_last if device == "cuda" else torch.contiguous_format
+
+    if args.profile:
+        for config in configs:
+            for provider in ("stock", "fastops"):
+                profile_step(
+                    make_step(provider, config, device, False, args.amp, memory_format),
+                    device,
+                    f"{config} {provider}",
+                )
+        return
+
+    min_time = 1.0 if args.quick else max(args.min_time, 3.0)
+    roofline = common.copy_roofline_gbps(device, min_time=0.3)
+    results: list[common.Result] = []
+    modes = ["eager"] + ([] if args.no_compile else ["compile"])
+    dtype = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    for config in configs:
+        batch = CONFIGS[config]["batch_size"]
+        for mode in modes:
+            # Interleave the providers, twice, and keep each one's better run: the CPU here is
+            # shared, so a burst of load from elsewhere should not land on one provider only.
+            best: dict[str, common.Result] = {}
+            steps = {
+                p: make_step(p, config, device, mode == "compile", args.amp, memory_format)
+                for p in ("fastops", "stock")
+            }
+            for _ in range(2):
+                for provider, step in steps.items():
+                    r = common.measure(
+                        "train", f"{config} {mode}", "step", dtype, f"batch {batch}", provider, step,
+                        device, 0, roofline, min_time,
+                    )  # fmt: skip
+                    r.extra = {"steps_per_s": 1e3 / r.median_ms, "samples_per_s": batch * 1e3 / r.median_ms}
+                    if provider not in best or r.median_ms < best[provider].median_ms:
+                        best[provider] = r
+            for provider in ("fastops", "stock"):
+                r = best[provider]
+                results.append(r)
+                print(
+                    f"{config:13s} {mode:8s} {provider:8s} {r.median_ms:8.2f} ms/step "
+                    f"({r.extra['steps_per_s']:.1f} steps/s)  p20 {r.p20_ms:.2f}  p80 {r.p80_ms:.2f}",
+                    flush=True,
+                )
+            print(
+                f"  fastops / stock: {best['stock'].median_ms / best['fastops'].median_ms:.2f}x steps/s",
+                flush=True,
+            )
+
+    notes = (
+        "One timed call = one optimizer step of fastops.train.train_step (zero_grad, forward, loss, "
+        "backward, clip, optimizer step). 'fastops speedup' = stock median / fastops median, i.e. the "
+        "steps/s ratio. Each provider was measured twice, interleaved, and the better run kept. "
+        + (
+            "CPU numbers come from a 2-core machine shared with other jobs: expect noise of 10-20%."
+            if device == "cpu"
+            else ""
+        )
+    )
+    csv_path, md_path = common.write_results("train", device, results, roofline, args.out, args.tag, notes)
+    print(f"wrote {csv_path} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,973 @@
+// depthwise_conv2d on the CPU: forward, input gradient, weight + bias gradient; NCHW and NHWC.
+//   forward:  y[n,c,oh,ow] = b[c] + sum_{kh,kw} w[c,kh,kw] * x[n,c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl]
+//   dgrad:    dx[n,c,ih,iw] = sum over (kh,kw,oh,ow) hitting (ih,iw) of w[c,kh,kw] * g[n,c,oh,ow]
+//   wgrad:    dw[c,kh,kw] = sum_{n,oh,ow} g * x[...];  db[c] = sum_{n,oh,ow} g
+// Math in fp32 for fp16/bf16/fp32 (fp64 for fp64 inputs); weights are converted once to that type.
+//
+// NCHW strategy: one (n, c) plane per task. The zero-padded input plane is copied (and widened) into
+// sh*sw phase planes: padded column j lands in phase j % sw at position j / sw (rows likewise). In
+// phase space every tap of every stride and dilation reads a contiguous run that starts at a fixed
+// offset, so the whole output plane is one flat loop over q = oh * pitch + ow: out[q] = b + sum_t
+// w_t * phase_t[q + off_t], 4 vectors of accumulators in registers, the K*K taps innermost. The
+// columns ow >= OW of each pitch-wide row are computed and dropped (this keeps 7x7 planes vectorized).
+// The input gradient is the same flat gather on the grad_output plane placed in a zero frame, one
+// phase of dx at a time (a stride-s dgrad is s*s small stride-1 correlations). The weight gradient
+// runs over the phase planes row by row (exact widths, so padding columns never meet data).
+//
+// NHWC strategy: one output row (n, oh) per task; per pixel the list of in-bounds taps is built once,
+// then the channel loop runs over it with 4 vectors of channels per step (weights pre-transposed to
+// [tap][C]). The input gradient is the same gather seen from the input side (taps whose stride phase
+// matches). The weight gradient splits the N*OH output rows into a fixed number of fixed-size items
+// (a function of the shape only, never of the thread count); each item writes its partial
+// [tap][C] sums to a workspace slot and the slots are added in item order: deterministic and
+// bitwise repeatable, no atomics, one pass over x and grad_output from memory.
+//
+// Bytes per call (minimal): forward reads x and writes y (2 * N*C*H*W * itemsize for stride 1);
+// dgrad reads g and writes dx; wgrad reads x and g. FLOPs: 2 * N*C*OH*OW*kh*kw each.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fastops/checks.h>
+#include <fastops/cpu_loops.h>
+#include <fastops/depthwise.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fastops::cpu {
+namespace {
+
+constexpr const char* kOp = "depthwise_conv2d";
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
+
+// ---- vector load/store in the accumulation type ----------------------------------------------
+
+template <typename T>
+using acc_t = opmath_t<T>;
+
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
+// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
+template <int N, typename F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+template <typename T>
+using AVec = at::vec::Vectorized<acc_t<T>>;
+
+template <typename T>
+inline AVec<T> load_acc(const T* p) {
+  if constexpr (is_reduced_float_v<T>) {
+    at::vec::Vectorized<float> v;
+    at::vec::load_to_float<T>(p, v);
+    return v;
+  } else {
+    return AVec<T>::loadu(p);
+  }
+}
+
+template <typename T>
+inline AVec<T> load_acc(const T* p, int64_t count) {
+  if constexpr (is_reduced_float_v<T>) {
+    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
+  } else {
+    return AVec<T>::loadu(p, count);
+  }
+}
+
+template <typename T>
+inline void store_acc(T* p, const AVec<T>& v, int64_t count) {
+  if constexpr (is_reduced_float_v<T>) {
+    constexpr int64_t n = at::vec::Vectorized<float>::size();
+    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
+  } else {
+    v.store(p, count);
+  }
+}
+
+// Converts n elements of T to A (the accumulation type), vectorized.
+template <typename T, typename A>
+inline void convert_row(A* dst, const T* src, int64_t n) {
+  using V = at::vec::Vectorized<A>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) load_acc<T>(src + i).store(dst + i);
+  for (; i < n; ++i) dst[i] = static_cast<A>(src[i]);
+}
+
+template <typename T, typename A>
+inline void store_row(T* dst, const A* src, int64_t n) {
+  using V = at::vec::Vectorized<A>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) store_acc<T>(dst + i, V::loadu(src + i), V::size());
+  for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+// out[q] = init + sum_t w[t] * src[t][q] for q in [0, n); n is rounded up to whole vectors, so
+// out and every src[t] must hold round_up(n, 4 * V) elements (the phase planes carry that slack).
+template <typename A>
+void flat_gather(A* out, int64_t n, const A* const* src, const A* w, int64_t taps, A init) {
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  const V vinit(init);
+  for (int64_t q = 0; q < n; q += 4 * L) {
+    V a0 = vinit, a1 = vinit, a2 = vinit, a3 = vinit;
+    for (int64_t t = 0; t < taps; ++t) {
+      const V wt(w[t]);
+      const A* s = src[t] + q;
+      a0 = at::vec::fmadd(V::loadu(s), wt, a0);
+      a1 = at::vec::fmadd(V::loadu(s + L), wt, a1);
+      a2 = at::vec::fmadd(V::loadu(s + 2 * L), wt, a2);
+      a3 = at::vec::fmadd(V::loadu(s + 3 * L), wt, a3);
+    }
+    a0.store(out + q);
+    a1.store(out + q + L);
+    a2.store(out + q + 2 * L);
+    a3.store(out + q + 3 * L);
+  }
+}
+
+// ---- NCHW phase planes ---------------------------------------------------------------------------
+
+// The padded input plane split by stride phase. Padded row r = ih + pad_top goes to phase r % sh,
+// row r / sh; columns likewise. Each phase plane is rows x pitch (+ slack), zero where padding.
+struct PhaseLayout {
+  int64_t sh, sw, rows, pitch, plane;  // plane: elements per phase plane, slack included
+  int64_t phases() const { return sh * sw; }
+};
+
+PhaseLayout phase_layout(int64_t sh, int64_t sw, int64_t rows, int64_t pitch, int64_t vec) {
+  PhaseLayout p{sh, sw, rows, pitch, 0};
+  p.plane = round_up(rows * pitch, 4 * vec) + 4 * vec;
+  return p;
+}
+
+// Fills the phase planes from the h x w plane src (row stride w) whose element (i, j) sits at padded
+// position (i + top, j + left); top/left may be negative (rows/columns then cut off).
+template <typename T, typename A>
+void fill_phases(A* buf, const PhaseLayout& p, const T* src, int64_t h, int64_t w, int64_t top, int64_t left) {
+  std::fill(buf, buf + p.plane * p.phases(), A(0));
+  const int64_t j0 = std::max<int64_t>(0, -left);
+  for (int64_t i = std::max<int64_t>(0, -top); i < h; ++i) {
+    const int64_t r = i + top;
+    const int64_t row = r / p.sh;
+    if (row >= p.rows) break;
+    A* dst_rows = buf + (r % p.sh) * p.sw * p.plane + row * p.pitch;
+    const T* s = src + i * w;
+    if (p.sw == 1) {
+      const int64_t n = std::min(w, p.pitch - left) - j0;
+      if (n > 0) convert_row<T, A>(dst_rows + j0 + left, s + j0, n);
+    } else {
+      // Phase by phase: source column j = col * sw + ph - left, a strided read, no division.
+      for (int64_t ph = 0; ph < p.sw; ++ph) {
+        A* d = dst_rows + ph * p.plane;
+        const int64_t col0 = std::max<int64_t>(0, div_up(left - ph, p.sw));
+        const int64_t col1 = std::min(p.pitch, div_up(w + left - ph, p.sw));
+        const T* sp = s + col0 * p.sw + ph - left;
+        for (int64_t col = col0; col < col1; ++col, sp += p.sw) d[col] = static_cast<A>(*sp);
+      }
+    }
+  }
+}
+
+// The input's phase planes as the forward and the weight gradient read them, and each tap's
+// offset there: phase ((kh*dh) % sh, (kw*dw) % sw), row (kh*dh) / sh, column (kw*dw) / sw.
+PhaseLayout input_phases(const DepthwiseGeometry& g, int64_t vec, std::vector<int64_t>& tap_off) {
+  const int64_t pitch = g.OW + (g.KW - 1) * g.dw / g.sw + 1;
+  const int64_t rows = g.OH + (g.KH - 1) * g.dh / g.sh + 1;
+  const PhaseLayout p = phase_layout(g.sh, g.sw, rows, pitch, vec);
+  tap_off.resize(g.taps());
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      const int64_t phase = ((kh * g.dh) % g.sh) * g.sw + (kw * g.dw) % g.sw;
+      tap_off[kh * g.KW + kw] = phase * p.plane + (kh * g.dh / g.sh) * pitch + kw * g.dw / g.sw;
+    }
+  }
+  return p;
+}
+
+template <typename T>
+void forward_nchw(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc, at::Tensor& y,
+                  const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  constexpr int64_t L = at::vec::Vectorized<A>::size();
+  const int64_t taps = g.taps();
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
+  const int64_t pitch = p.pitch;
+  const T* xp = x.const_data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const A* wp = wacc.const_data_ptr<A>();
+  const A* bp = bacc.defined() ? bacc.const_data_ptr<A>() : nullptr;
+  const int64_t n_out = g.OH * pitch;
+  at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> buf(p.plane * p.phases());
+    std::vector<A> out(round_up(n_out, 4 * L));
+    std::vector<const A*> src(taps);
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t c = plane % g.C;
+      fill_phases<T, A>(buf.data(), p, xp + plane * g.H * g.W, g.H, g.W, g.pt, g.pl);
+      for (int64_t t = 0; t < taps; ++t) src[t] = buf.data() + tap_off[t];
+      flat_gather<A>(out.data(), n_out, src.data(), wp + c * taps, taps, bp ? bp[c] : A(0));
+      T* yplane = yp + plane * g.OH * g.OW;
+      for (int64_t oh = 0; oh < g.OH; ++oh) store_row<T, A>(yplane + oh * g.OW, out.data() + oh * pitch, g.OW);
+    }
+  });
+}
+
+template <typename T>
+void backward_input_nchw(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx, const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  constexpr int64_t L = at::vec::Vectorized<A>::size();
+  // dx in phase space: padded row R = ih + pt = row * sh + phr. A tap (kh, kw) reaches phase
+  // (phr, phc) = ((kh*dh) % sh, (kw*dw) % sw) and there reads g[row - (kh*dh)/sh, col - (kw*dw)/sw].
+  // g sits in a zero frame of fr rows on top and fc columns on the left, so every read is in bounds.
+  const int64_t fr = (g.KH - 1) * g.dh / g.sh, fc = (g.KW - 1) * g.dw / g.sw;
+  const int64_t rows_dx = div_up(g.pt + g.H, g.sh), cols_dx = div_up(g.pl + g.W, g.sw);
+  const int64_t pitch = std::max(cols_dx, g.OW + fc) + 1;
+  const int64_t grows = std::max(rows_dx, g.OH) + fr + 1;
+  const PhaseLayout gl = phase_layout(1, 1, grows, pitch, L);
+  const int64_t n_dx = rows_dx * pitch;
+  const int64_t taps = g.taps();
+  // Per phase: the taps landing there and their offsets into the framed g plane.
+  std::vector<std::vector<int64_t>> phase_taps(g.sh * g.sw), phase_offs(g.sh * g.sw);
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      const int64_t phase = ((kh * g.dh) % g.sh) * g.sw + (kw * g.dw) % g.sw;
+      phase_taps[phase].push_back(kh * g.KW + kw);
+      phase_offs[phase].push_back((fr - kh * g.dh / g.sh) * pitch + (fc - kw * g.dw / g.sw));
+    }
+  }
+  const T* gp = go.const_data_ptr<T>();
+  T* dxp = dx.data_ptr<T>();
+  const A* wp = wacc.const_data_ptr<A>();
+  at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> gbuf(gl.plane);
+    std::vector<A> out(round_up(n_dx, 4 * L));
+    std::vector<const A*> src(taps);
+    std::vector<A> wt(taps);
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t c = plane % g.C;
+      fill_phases<T, A>(gbuf.data(), gl, gp + plane * g.OH * g.OW, g.OH, g.OW, fr, fc);
+      T* dxplane = dxp + plane * g.H * g.W;
+      for (int64_t phr = 0; phr < g.sh; ++phr) {
+        for (int64_t phc = 0; phc < g.sw; ++phc) {
+          const auto& pt = phase_taps[phr * g.sw + phc];
+          const auto& po = phase_offs[phr * g.sw + phc];
+          const int64_t nt = static_cast<int64_t>(pt.size());
+          for (int64_t t = 0; t < nt; ++t) {
+            src[t] = gbuf.data() + po[t];
+            wt[t] = wp[c * taps + pt[t]];
+          }
+          flat_gather<A>(out.data(), n_dx, src.data(), wt.data(), nt, A(0));
+          // Scatter this phase back: padded (R, Cc) = (row*sh + phr, col*sw + phc) -> (R - pt, Cc - pl).
+          for (int64_t row = 0; row < rows_dx; ++row) {
+            const int64_t ih = row * g.sh + phr - g.pt;
+            if (ih < 0 || ih >= g.H) continue;
+            const A* o = out.data() + row * pitch;
+            T* d = dxplane + ih * g.W;
+            if (g.sw == 1) {
+              const int64_t iw0 = std::max<int64_t>(0, -g.pl + phc);
+              store_row<T, A>(d + iw0, o + iw0 + g.pl, g.W - iw0);
+            } else {
+              const int64_t col0 = std::max<int64_t>(0, div_up(g.pl - phc, g.sw));
+              const int64_t col1 = std::min(cols_dx, div_up(g.W + g.pl - phc, g.sw));
+              for (int64_t col = col0; col < col1; ++col) d[col * g.sw + phc - g.pl] = static_cast<T>(o[col]);
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename A>
+inline A reduce_sum(const at::vec::Vectorized<A>& v) {
+  return at::vec::vec_reduce_all<A>([](const auto& a, const auto& b) { return a + b; }, v);
+}
+
+// Weight and bias gradient, NCHW: per (n, c) plane the partial sums ws[plane][taps + 1] (the last
+// slot is the bias), then a fixed-order sum over n.
+template <typename T>
+void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor& ws, const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  constexpr int64_t G = 8;  // taps per group: 8 accumulators + 1 grad vector stay in registers
+  const int64_t taps = g.taps();
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
+  const int64_t pitch = p.pitch;
+  const T* xp = x.const_data_ptr<T>();
+  const T* gp = go.const_data_ptr<T>();
+  A* wsp = ws.data_ptr<A>();
+  at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> buf(p.plane * p.phases());
+    std::vector<A> gb(g.OH * g.OW);
+    for (int64_t plane = begin; plane < end; ++plane) {
+      fill_phases<T, A>(buf.data(), p, xp + plane * g.H * g.W, g.H, g.W, g.pt, g.pl);
+      convert_row<T, A>(gb.data(), gp + plane * g.OH * g.OW, g.OH * g.OW);
+      A* out = wsp + plane * (taps + 1);
+      for (int64_t t0 = 0; t0 < taps; t0 += G) {
+        const int64_t nt = std::min(G, taps - t0);
+        V acc[G];
+        for (int64_t j = 0; j < G; ++j) acc[j] = V(A(0));
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const A* grow = gb.data() + oh * g.OW;
+          const A* xrow = buf.data() + oh * pitch;
+          for (int64_t ow = 0; ow < g.OW; ow += L) {
+            const int64_t cnt = std::min(L, g.OW - ow);
+            const V gv = V::loadu(grow + ow, cnt);
+            for (int64_t j = 0; j < G; ++j) {
+              if (j < nt) acc[j] = at::vec::fmadd(gv, V::loadu(xrow + tap_off[t0 + j] + ow, cnt), acc[j]);
+            }
+          }
+        }
+        for (int64_t j = 0; j < nt; ++j) out[t0 + j] = reduce_sum<A>(acc[j]);
+      }
+      V bacc(A(0));
+      const int64_t n = g.OH * g.OW;
+      for (int64_t i = 0; i < n; i += L) bacc = bacc + V::loadu(gb.data() + i, std::min(L, n - i));
+      out[taps] = reduce_sum<A>(bacc);
+    }
+  });
+}
+
+// ---- NHWC ------------------------------------------------------------------------------------------
+
+// out[c] = init[c] + sum_t w[tap[t]][c] * base[off[t] + c] for c in [0, C); w is [taps][Cp] in A.
+template <typename T>
+inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const acc_t<T>* w,
+                       int64_t Cp, const acc_t<T>* init, int64_t C) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  int64_t c = 0;
+  for (; c + 4 * L <= C; c += 4 * L) {
+    V a0(A(0)), a1(A(0)), a2(A(0)), a3(A(0));
+    if (init) {
+      a0 = V::loadu(init + c);
+      a1 = V::loadu(init + c + L);
+      a2 = V::loadu(init + c + 2 * L);
+      a3 = V::loadu(init + c + 3 * L);
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      const T* s = base + off[t] + c;
+      const A* wt = w + tap[t] * Cp + c;
+      a0 = at::vec::fmadd(load_acc<T>(s), V::loadu(wt), a0);
+      a1 = at::vec::fmadd(load_acc<T>(s + L), V::loadu(wt + L), a1);
+      a2 = at::vec::fmadd(load_acc<T>(s + 2 * L), V::loadu(wt + 2 * L), a2);
+      a3 = at::vec::fmadd(load_acc<T>(s + 3 * L), V::loadu(wt + 3 * L), a3);
+    }
+    store_acc<T>(out + c, a0, L);
+    store_acc<T>(out + c + L, a1, L);
+    store_acc<T>(out + c + 2 * L, a2, L);
+    store_acc<T>(out + c + 3 * L, a3, L);
+  }
+  for (; c < C; c += L) {
+    const int64_t cnt = std::min(L, C - c);
+    V a = init ? V::loadu(init + c) : V(A(0));  // init and w are padded to Cp
+    if (cnt == L) {
+      for (int64_t t = 0; t < nt; ++t)
+        a = at::vec::fmadd(load_acc<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
+    } else {
+      for (int64_t t = 0; t < nt; ++t) {
+        a = at::vec::fmadd(load_acc<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
+      }
+    }
+    store_acc<T>(out + c, a, cnt);
+  }
+}
+
+// Four neighbouring output pixels at once, all of whose taps are in bounds: out pixel j (at
+// out + j * out_step) = init + sum_t w[t] * src[t][j * src_step + c]. One channel vector per step,
+// so each weight vector is loaded once for four independent FMA chains.
+template <typename T>
+inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt, const acc_t<T>* w,
+                        int64_t Cp, const acc_t<T>* init, int64_t C) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  for (int64_t c = 0; c < C; c += L) {
+    const int64_t cnt = std::min(L, C - c);
+    const V i0 = init ? V::loadu(init + c) : V(A(0));
+    V a0 = i0, a1 = i0, a2 = i0, a3 = i0;
+    if (cnt == L) {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_acc<T>(s), wv, a0);
+        a1 = at::vec::fmadd(load_acc<T>(s + src_step), wv, a1);
+        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step), wv, a2);
+        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step), wv, a3);
+      }
+    } else {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_acc<T>(s, cnt), wv, a0);
+        a1 = at::vec::fmadd(load_acc<T>(s + src_step, cnt), wv, a1);
+        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step, cnt), wv, a2);
+        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step, cnt), wv, a3);
+      }
+    }
+    store_acc<T>(out + c, a0, cnt);
+    store_acc<T>(out + out_step + c, a1, cnt);
+    store_acc<T>(out + 2 * out_step + c, a2, cnt);
+    store_acc<T>(out + 3 * out_step + c, a3, cnt);
+  }
+}
+
+// P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
+// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
+// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
+// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
+// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
+template <typename T, int K, int S, int P, bool Full>
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const acc_t<T>* init, int64_t c, int64_t cnt) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int U = S * (P - 1) + K;
+  // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
+  V acc[P];
+  const V i0 = init ? V::loadu(init + c) : V(A(0));
+  static_for<P>([&](auto j) { acc[j] = i0; });
+  for (int64_t r = 0; r < nrows; ++r) {
+    V wv[K];
+    static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
+    const T* xr = rows[r] + c;
+    static_for<U>([&](auto u) {
+      const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
+      static_for<K>([&](auto kw) {
+        constexpr int d = decltype(u)::value - decltype(kw)::value;
+        if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
+      });
+    });
+  }
+  static_for<P>([&](auto j) { store_acc<T>(out + j * C + c, acc[j], cnt); });
+}
+
+template <typename T, int K, int S, int P>
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const acc_t<T>* init) {
+  constexpr int64_t L = at::vec::Vectorized<acc_t<T>>::size();
+  int64_t c = 0;
+  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
+  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
+}
+
+// Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
+template <int S>
+constexpr int64_t row_block_pixels() {
+  return S == 1 ? 8 : 4;
+}
+
+// Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
+template <typename T>
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const acc_t<T>* init) {
+#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
+  if (K == KK && S == SS) {                                                                  \
+    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
+    return true;                                                                             \
+  }
+  FASTOPS_ROW_BLOCK(3, 1)
+  FASTOPS_ROW_BLOCK(3, 2)
+  FASTOPS_ROW_BLOCK(5, 1)
+  FASTOPS_ROW_BLOCK(5, 2)
+  FASTOPS_ROW_BLOCK(7, 1)
+  FASTOPS_ROW_BLOCK(7, 2)
+#undef FASTOPS_ROW_BLOCK
+  return false;
+}
+
+bool has_row_block(int64_t K, int64_t S, int64_t D) {
+  return D == 1 && (K == 3 || K == 5 || K == 7) && (S == 1 || S == 2);
+}
+
+// Forward, NHWC: border pixels tap by tap; interior pixels (every kw in bounds) four at a time,
+// where the valid (kh, kw) taps of the row are the contiguous weight rows wt[kh0 * KW ...].
+template <typename T>
+void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& bt, at::Tensor& y,
+                  const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  const int64_t Cp = wt.size(1);
+  const T* xp = x.const_data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const A* wp = wt.const_data_ptr<A>();
+  const A* bp = bt.defined() ? bt.const_data_ptr<A>() : nullptr;
+  // Interior columns: every kw in bounds, ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw <= W - 1.
+  const int64_t ow_lo = std::min(g.OW, div_up(g.pl, g.sw));
+  const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
+  const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
+  const bool row_block = has_row_block(g.KW, g.sw, g.dw);
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.OW * g.C));
+  at::parallel_for(0, g.N * g.OH, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> off(g.taps()), tap(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / g.OH, oh = r % g.OH;
+      const T* xb = xp + n * g.H * g.W * g.C;
+      T* yrow = yp + r * g.OW * g.C;
+      // Rows in bounds for this output row; the interior blocks use them with every kw.
+      int64_t kh0 = 0, kh1 = g.KH;
+      while (kh0 < g.KH && oh * g.sh + kh0 * g.dh - g.pt < 0) ++kh0;
+      while (kh1 > kh0 && oh * g.sh + (kh1 - 1) * g.dh - g.pt >= g.H) --kh1;
+      const A* wrows = wp + kh0 * g.KW * Cp;
+      const int64_t nt_in = (kh1 - kh0) * g.KW;
+      int64_t ow = 0;
+      auto pixel = [&](int64_t o) {
+        int64_t nt = 0;
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t iw = o * g.sw + kw * g.dw - g.pl;
+            if (iw < 0 || iw >= g.W) continue;
+            off[nt] = (ih * g.W + iw) * g.C;
+            tap[nt++] = kh * g.KW + kw;
+          }
+        }
+        nhwc_pixel<T>(yrow + o * g.C, xb, off.data(), tap.data(), nt, wp, Cp, bp, g.C);
+      };
+      for (; ow < ow_lo; ++ow) pixel(ow);
+      if (row_block) {
+        const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
+        for (int64_t kh = kh0; kh < kh1; ++kh) wrow_ptr[kh - kh0] = wp + kh * g.KW * Cp;
+        for (; ow + P <= ow_hi; ow += P) {
+          for (int64_t kh = kh0; kh < kh1; ++kh) {
+            row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
+          }
+          dispatch_row_block<T>(g.KW, g.sw, yrow + ow * g.C, g.C, row_ptr.data(), wrow_ptr.data(), kh1 - kh0, Cp, bp);
+        }
+      }
+      for (; ow + 4 <= ow_hi; ow += 4) {
+        int64_t t = 0;
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const T* xrow = xb + (oh * g.sh + kh * g.dh - g.pt) * g.W * g.C;
+          for (int64_t kw = 0; kw < g.KW; ++kw) src[t++] = xrow + (ow * g.sw + kw * g.dw - g.pl) * g.C;
+        }
+        nhwc_block4<T>(yrow + ow * g.C, g.C, src.data(), g.sw * g.C, nt_in, wrows, Cp, bp, g.C);
+      }
+      for (; ow < g.OW; ++ow) pixel(ow);
+    }
+  });
+}
+
+template <typename T>
+void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor& dx, const DepthwiseGeometry& g) {
+  using A = acc_t<T>;
+  const int64_t Cp = wt.size(1);
+  const T* gp = go.const_data_ptr<T>();
+  T* dxp = dx.data_ptr<T>();
+  const A* wp = wt.const_data_ptr<A>();
+  // Stride 1: interior input columns have every kw on an output column, iw + pl - kw*dw in
+  // [0, OW) for all kw: iw >= (KW-1)*dw - pl and iw + pl <= OW - 1.
+  const bool unit = g.sw == 1;
+  const int64_t iw_lo = unit ? std::min(g.W, std::max<int64_t>(0, (g.KW - 1) * g.dw - g.pl)) : g.W;
+  const int64_t iw_hi = unit ? std::max(iw_lo, std::min(g.W, g.OW - g.pl)) : g.W;
+  const bool row_block = unit && has_row_block(g.KW, 1, g.dw);
+  std::vector<A> wflip;
+  if (row_block) {
+    wflip.resize(g.taps() * Cp);
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        std::memcpy(wflip.data() + (kh * g.KW + kw) * Cp, wp + (kh * g.KW + g.KW - 1 - kw) * Cp, sizeof(A) * Cp);
+      }
+    }
+  }
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.W * g.C));
+  at::parallel_for(0, g.N * g.H, grain, [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> off(g.taps()), tap(g.taps());
+    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
+    std::vector<const A*> wrow_ptr(g.KH);
+    std::vector<A> wsel;
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / g.H, ih = r % g.H;
+      const T* gb = gp + n * g.OH * g.OW * g.C;
+      T* dxrow = dxp + r * g.W * g.C;
+      // The kh whose window puts row ih on an output row: (ih + pt - kh*dh) a multiple of sh in
+      // [0, sh*OH).
+      int64_t nkh = 0;
+      int64_t khs[64], kws[64];
+      const bool few = g.KH <= 64 && g.KW <= 64;
+      auto pixel = [&](int64_t iw) {
+        int64_t nt = 0;
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          const int64_t oh = th / g.sh;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t tw = iw + g.pl - kw * g.dw;
+            if (tw < 0 || tw % g.sw != 0 || tw / g.sw >= g.OW) continue;
+            off[nt] = (oh * g.OW + tw / g.sw) * g.C;
+            tap[nt++] = kh * g.KW + kw;
+          }
+        }
+        nhwc_pixel<T>(dxrow + iw * g.C, gb, off.data(), tap.data(), nt, wp, Cp, nullptr, g.C);
+      };
+      int64_t iw = 0;
+      if (unit && few && iw_hi - iw_lo >= 4) {
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          khs[nkh++] = kh;
+        }
+        // Weights of the valid (kh, all kw) taps, gathered once per row in block order.
+        wsel.resize(std::max<int64_t>(1, nkh * g.KW) * Cp);
+        for (int64_t i = 0; i < nkh; ++i) {
+          std::memcpy(wsel.data() + i * g.KW * Cp, wp + khs[i] * g.KW * Cp, sizeof(A) * g.KW * Cp);
+        }
+        for (; iw < iw_lo; ++iw) pixel(iw);
+        if (row_block) {
+          // dx[iw] = sum_kw w[kw] g[iw + pl - kw] = sum_kw' wflip[kw'] g[iw + pl - (KW-1) + kw']:
+          // the forward's row block on g with the kernel mirrored along w.
+          constexpr int64_t P = row_block_pixels<1>();
+          for (int64_t i = 0; i < nkh; ++i) wrow_ptr[i] = wflip.data() + khs[i] * g.KW * Cp;
+          for (; iw + P <= iw_hi; iw += P) {
+            for (int64_t i = 0; i < nkh; ++i) {
+              const int64_t oh = (ih + g.pt - khs[i] * g.dh) / g.sh;
+              row_ptr[i] = gb + (oh * g.OW + iw + g.pl - (g.KW - 1)) * g.C;
+            }
+            dispatch_row_block<T>(g.KW, 1, dxrow + iw * g.C, g.C, row_ptr.data(), wrow_ptr.data(), nkh, Cp, nullptr);
+          }
+        }
+        for (; iw + 4 <= iw_hi; iw += 4) {
+          int64_t t = 0;
+          for (int64_t i = 0; i < nkh; ++i) {
+            const T* grow = gb + ((ih + g.pt - khs[i] * g.dh) / g.sh) * g.OW * g.C;
+            for (int64_t kw = 0; kw < g.KW; ++kw) src[t++] = grow + (iw + g.pl - kw * g.dw) * g.C;
+          }
+          nhwc_block4<T>(dxrow + iw * g.C, g.C, src.data(), g.C, nkh * g.KW, wsel.data(), Cp, nullptr, g.C);
+        }
+      }
+      if (!unit && few) {
+        // Strided: the input columns of one stride phase (iw = ph + sw*m) see the same kw taps, and
+        // consecutive m read consecutive output columns, so four of them form one block.
+        nkh = 0;
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t th = ih + g.pt - kh * g.dh;
+          if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+          khs[nkh++] = kh;
+        }
+        for (int64_t ph = 0; ph < g.sw && ph < g.W; ++ph) {
+          int64_t nkw = 0;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            if (((ph + g.pl - kw * g.dw) % g.sw + g.sw) % g.sw == 0) kws[nkw++] = kw;
+          }
+          const int64_t nt = nkh * nkw;
+          wsel.resize(std::max<int64_t>(1, nt) * Cp);
+          for (int64_t i = 0; i < nkh; ++i) {
+            for (int64_t k = 0; k < nkw; ++k) {
+              std::memcpy(wsel.data() + (i * nkw + k) * Cp, wp + (khs[i] * g.KW + kws[k]) * Cp, sizeof(A) * Cp);
+            }
+          }
+          for (int64_t c0 = ph; c0 < g.W;) {
+            const int64_t c3 = c0 + 3 * g.sw;
+            const bool interior =
+                nt > 0 && c3 < g.W && c0 + g.pl - kws[nkw - 1] * g.dw >= 0 && (c3 + g.pl - kws[0] * g.dw) / g.sw < g.OW;
+            if (!interior) {
+              pixel(c0);
+              c0 += g.sw;
+              continue;
+            }
+            int64_t t = 0;
+            for (int64_t i = 0; i < nkh; ++i) {
+              const T* grow = gb + ((ih + g.pt - khs[i] * g.dh) / g.sh) * g.OW * g.C;
+              for (int64_t k = 0; k < nkw; ++k) src[t++] = grow + ((c0 + g.pl - kws[k] * g.dw) / g.sw) * g.C;
+            }
+            nhwc_block4<T>(dxrow + c0 * g.C, g.sw * g.C, src.data(), g.C, nt, wsel.data(), Cp, nullptr, g.C);
+            c0 += 4 * g.sw;
+          }
+        }
+        continue;
+      }
+      for (; iw < g.W; ++iw) pixel(iw);
+    }
+  });
+}
+
+// Output rows per weight-gradient item: a function of the shape only (never of the thread count),
+// so the partition and with it every rounding is the same on every machine and every run.
+int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
+  const int64_t total_rows = g.N * g.OH;
+  const int64_t per_row = std::max<int64_t>(1, g.OW * g.C);
+  int64_t rows = div_up(int64_t{1} << 16, per_row);                     // ~64K elements of g per item: L2-resident
+  rows = std::min(rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
+  return std::max<int64_t>(1, rows);
+}
+
+// acc[j] += g[o] * x[o * xstep + j * tstep] over n output columns, NK taps in registers.
+template <typename T, int NK, typename Load>
+inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep, int64_t tstep,
+                           const Load& load) {
+  AVec<T> a[NK];
+  static_for<NK>([&](auto j) { a[j] = acc[j]; });
+  for (int64_t o = 0; o < n; ++o) {
+    const AVec<T> gv = load(g + o * gstep);
+    const T* xo = x + o * xstep;
+    static_for<NK>([&](auto j) { a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]); });
+  }
+  static_for<NK>([&](auto j) { acc[j] = a[j]; });
+}
+
+template <typename T>
+void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor& ws, const DepthwiseGeometry& g,
+                          int64_t rows_per_item) {
+  using A = acc_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  constexpr int64_t G = 8;
+  const int64_t Cp = ws.size(2);
+  const int64_t items = ws.size(0);
+  const int64_t taps = g.taps();
+  const int64_t total_rows = g.N * g.OH;
+  const T* xp = x.const_data_ptr<T>();
+  const T* gp = go.const_data_ptr<T>();
+  A* wsp = ws.data_ptr<A>();
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r0 = item * rows_per_item, r1 = std::min(total_rows, r0 + rows_per_item);
+      A* out = wsp + item * (taps + 1) * Cp;
+      for (int64_t c = 0; c < g.C; c += L) {
+        const int64_t cnt = std::min(L, g.C - c);
+        auto load = [&](const T* ptr) { return cnt == L ? load_acc<T>(ptr) : load_acc<T>(ptr, cnt); };
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          for (int64_t k0 = 0; k0 < g.KW; k0 += G) {
+            const int64_t nk = std::min(G, g.KW - k0);
+            // Output columns whose taps k0 .. k0+nk-1 all land inside the row.
+            const int64_t ow_lo = std::min(g.OW, div_up(std::max<int64_t>(0, g.pl - k0 * g.dw), g.sw));
+            const int64_t lastv = g.W - 1 + g.pl - (k0 + nk - 1) * g.dw;
+            const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, lastv >= 0 ? lastv / g.sw + 1 : 0));
+            V acc[G];
+            for (int64_t j = 0; j < G; ++j) acc[j] = V(A(0));
+            for (int64_t r = r0; r < r1; ++r) {
+              const int64_t n = r / g.OH, oh = r % g.OH;
+              const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
+              if (ih < 0 || ih >= g.H) continue;
+              const T* grow = gp + r * g.OW * g.C + c;
+              const T* xrow = xp + ((n * g.H + ih) * g.W) * g.C + c;
+              auto border = [&](int64_t ow) {
+                const V gv = load(grow + ow * g.C);
+                const int64_t iw0 = ow * g.sw + k0 * g.dw - g.pl;
+                for (int64_t j = 0; j < nk; ++j) {
+                  const int64_t iw = iw0 + j * g.dw;
+                  if (iw >= 0 && iw < g.W) acc[j] = at::vec::fmadd(gv, load(xrow + iw * g.C), acc[j]);
+                }
+              };
+              int64_t ow = 0;
+              for (; ow < ow_lo; ++ow) border(ow);
+              // Interior: every kw of the group in bounds; fixed trip counts for 3, 5 and 7 taps.
+              const T* xs = xrow + (ow * g.sw + k0 * g.dw - g.pl) * g.C;
+              const int64_t xstep = g.sw * g.C, tstep = g.dw * g.C;
+              switch (nk) {
+                case 3:
+                  wgrad_interior<T, 3>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                case 5:
+                  wgrad_interior<T, 5>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                case 7:
+                  wgrad_interior<T, 7>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                  break;
+                default:
+                  for (int64_t o = 0; o < ow_hi - ow; ++o) {
+                    const V gv = load(grow + (ow + o) * g.C);
+                    for (int64_t j = 0; j < nk; ++j)
+                      acc[j] = at::vec::fmadd(gv, load(xs + o * xstep + j * tstep), acc[j]);
+                  }
+              }
+              for (ow = ow_hi; ow < g.OW; ++ow) border(ow);
+            }
+            for (int64_t j = 0; j < nk; ++j) acc[j].store(out + (kh * g.KW + k0 + j) * Cp + c);
+          }
+        }
+        V bacc(A(0));
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* grow = gp + r * g.OW * g.C + c;
+          for (int64_t ow = 0; ow < g.OW; ++ow) bacc = bacc + load(grow + ow * g.C);
+        }
+        bacc.store(out + taps * Cp + c);
+      }
+    }
+  });
+}
+
+// ---- entry points ----------------------------------------------------------------------------------
+
+// Weights as (C, taps) in the accumulation type (NCHW kernels) or transposed to (taps, Cp) with the
+// channel dimension zero-padded to whole vectors (NHWC kernels).
+at::Tensor weights_acc(const at::Tensor& weight, at::ScalarType acc, bool transposed, int64_t vec) {
+  const int64_t C = weight.size(0), taps = weight.size(2) * weight.size(3);
+  at::Tensor w = weight.reshape({C, taps}).to(acc);
+  if (!transposed) return w.contiguous();
+  at::Tensor wt = at::zeros({taps, round_up(std::max<int64_t>(C, 1), vec)}, weight.options().dtype(acc));
+  wt.narrow(1, 0, C).copy_(w.t());
+  return wt;
+}
+
+at::Tensor bias_acc(const std::optional<at::Tensor>& bias, at::ScalarType acc, int64_t vec) {
+  if (!bias.has_value() || !bias->defined()) return at::Tensor();
+  const int64_t C = bias->size(0);
+  at::Tensor b = at::zeros({round_up(std::max<int64_t>(C, 1), vec)}, bias->options().dtype(acc));
+  b.narrow(0, 0, C).copy_(*bias);
+  return b;
+}
+
+template <typename T>
+constexpr int64_t acc_vec_size() {
+  return at::vec::Vectorized<acc_t<T>>::size();
+}
+
+at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  check_depthwise_inputs(x_in, weight, bias);
+  const DepthwiseGeometry g =
+      make_depthwise_geometry(kOp, x_in.sizes(), weight.size(2), weight.size(3), stride, padding, dilation);
+  const bool cl = use_channels_last(x_in);
+  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor y = at::empty({g.N, g.C, g.OH, g.OW}, x.options().memory_format(fmt));
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_depthwise_conv2d_cpu", [&] {
+    const auto acc = c10::CppTypeToScalarType<acc_t<scalar_t>>::value;
+    constexpr int64_t L = acc_vec_size<scalar_t>();
+    const at::Tensor w = weights_acc(weight, acc, cl, L);
+    const at::Tensor b = bias_acc(bias, acc, L);
+    if (cl) {
+      forward_nhwc<scalar_t>(x, w, b, y, g);
+    } else {
+      forward_nchw<scalar_t>(x, w, b, y, g);
+    }
+  });
+  return y;
+}
+
+at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::Tensor& weight,
+                                           c10::SymIntArrayRef input_size_sym, at::IntArrayRef stride,
+                                           at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
+  const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
+  const DepthwiseGeometry g = check_depthwise_backward_input(grad_in, weight, input_size, stride, padding, dilation);
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor go = grad_in.contiguous(fmt);
+  at::Tensor dx = at::empty(input_size, go.options().memory_format(fmt));
+  if (dx.numel() == 0) return dx;
+  if (go.numel() == 0) return dx.zero_();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, go.scalar_type(), "fastops_depthwise_dgrad_cpu", [&] {
+    const auto acc = c10::CppTypeToScalarType<acc_t<scalar_t>>::value;
+    const at::Tensor w = weights_acc(weight, acc, channels_last, acc_vec_size<scalar_t>());
+    if (channels_last) {
+      backward_input_nhwc<scalar_t>(go, w, dx, g);
+    } else {
+      backward_input_nchw<scalar_t>(go, w, dx, g);
+    }
+  });
+  return dx;
+}
+
+std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                                    at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                                                    at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const DepthwiseGeometry g = check_depthwise_backward_weight(grad_in, x_in, kernel_size, stride, padding, dilation);
+  const bool cl = use_channels_last(x_in);
+  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor go = grad_in.contiguous(fmt);
+  at::Tensor dw = at::empty({g.C, 1, g.KH, g.KW}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor db = at::empty({g.C}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t taps = g.taps();
+  if (go.numel() == 0) {
+    dw.zero_();
+    db.zero_();
+    return {dw, db};
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_depthwise_wgrad_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    const auto acc = c10::CppTypeToScalarType<A>::value;
+    constexpr int64_t L = acc_vec_size<scalar_t>();
+    // Partial sums: (slots, taps + 1, C) with slot-major order; summed over slots in order below.
+    at::Tensor ws;
+    int64_t slots, cstride;
+    if (cl) {
+      const int64_t rows = wgrad_rows_per_item(g);
+      slots = div_up(g.N * g.OH, rows);
+      cstride = round_up(g.C, L);
+      ws = at::empty({slots, taps + 1, cstride}, x.options().dtype(acc));
+      backward_weight_nhwc<scalar_t>(go, x, ws, g, rows);
+    } else {
+      slots = g.N;
+      cstride = 1;
+      ws = at::empty({g.N * g.C, taps + 1}, x.options().dtype(acc));
+      backward_weight_nchw<scalar_t>(go, x, ws, g);
+    }
+    const A* wsp = ws.const_data_ptr<A>();
+    scalar_t* dwp = dw.data_ptr<scalar_t>();
+    scalar_t* dbp = db.data_ptr<scalar_t>();
+    // Element (slot, k, c) of the workspace: NHWC (slot * (taps+1) + k) * Cp + c; NCHW
+    // ((slot * C + c) * (taps + 1) + k).
+    at::parallel_for(0, g.C, 16, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        for (int64_t k = 0; k <= taps; ++k) {
+          A s = 0;
+          for (int64_t i = 0; i < slots; ++i) {
+            s += cl ? wsp[(i * (taps + 1) + k) * cstride + c] : wsp[(i * g.C + c) * (taps + 1) + k];
+          }
+          if (k < taps) {
+            dwp[c * taps + k] = static_cast<scalar_t>(s);
+          } else {
+            dbp[c] = static_cast<scalar_t>(s);
+          }
+        }
+      }
+    });
+  });
+  return {dw, db};
+}
+
+// Autocast: conv2d's policy, the op runs in the autocast dtype (bf16 on the CPU by default, fp16 on
+// CUDA). Registered here for both devices: the Autocast keys exist in every build, and the .cu files
+// stay free of ATen/autocast_mode.h.
+at::Tensor depthwise_conv2d_autocast(const at::Tensor& x, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                                     at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const c10::DeviceType device_type = x.device().type();
+  const c10::DispatchKey key =
+      device_type == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device_type);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fastops::depthwise_conv2d", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
+  return op.call(at::autocast::cached_cast(dtype, x, device_type),
+                 at::autocast::cached_cast(dtype, weight, device_type),
+                 at::autocast::cached_cast(dtype, bias, device_type), stride, padding, dilation);
+}
+
+}  // namespace
+}  // namespace fastops::cpu
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d);
+  m.impl("depthwise_conv2d_backward_input", &fastops::cpu::depthwise_conv2d_backward_input);
+  m.impl("depthwise_conv2d_backward_weight", &fastops::cpu::depthwise_conv2d_backward_weight);
+}
+
+TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) { m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d_autocast); }
+
+TORCH_LIBRARY_IMPL(fastops, AutocastCUDA, m) { m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d_autocast); }

@@ -1,0 +1,398 @@
+// depthwise_conv2d on CUDA: forward, input gradient, weight + bias gradient; NCHW and NHWC.
+//   forward:  y[n,c,oh,ow] = b[c] + sum_{kh,kw} w[c,kh,kw] * x[n,c, oh*sh + kh*dh - pt, ow*sw + kw*dw - pl]
+//   dgrad:    dx[n,c,ih,iw] = sum over taps whose window covers (ih, iw) of w[c,kh,kw] * g[n,c,oh,ow]
+//   wgrad:    dw[c,kh,kw] = sum_{n,oh,ow} g * x;  db[c] = sum g
+// Math and accumulation in fp32 for fp16/bf16/fp32. 64-bit indexing; current stream; device guard.
+//
+// Forward / dgrad: one thread per output (input) element, consecutive threads on the innermost
+// dimension of the layout (ow for NCHW, c for NHWC) so loads and stores coalesce. The forward has
+// fully unrolled bodies for 3x3, 5x5 and 7x7 and a generic loop for other kernels; the dgrad is a
+// gather (taps whose stride phase matches), never an atomic scatter.
+// Weight gradient: the N*OH*OW positions of each channel are cut into a fixed number of fixed-size
+// partitions (a function of the shape only). One block per (partition, channel [group], tap group)
+// reads each (g, x) pair once, keeps up to 25 tap sums + the bias sum in registers, reduces them in
+// a fixed tree (warp shuffles, then shared memory) and writes per-partition partials to a
+// workspace; a second kernel adds the partials in partition order. No atomics: bitwise repeatable.
+// Bytes: forward reads x, writes y; dgrad reads g, writes dx; wgrad reads x and g once (for up to
+// 5x5; 7x7 reads them twice, once per tap group) plus a workspace of P*C*(taps+1) floats.
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fastops/checks.h>
+#include <fastops/depthwise.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+
+namespace fastops::cuda {
+namespace {
+
+constexpr const char* kOp = "depthwise_conv2d";
+
+// fp32, fp16 and bf16 only: fp64 is rejected on CUDA, so its kernels are never instantiated.
+#define FASTOPS_DISPATCH_FLOAT_HALF_BF16(TYPE, NAME, ...)                                               \
+  AT_DISPATCH_SWITCH(TYPE, NAME,                                                                        \
+                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
+                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+constexpr int kThreads = 256;
+constexpr int kMaxTaps = 25;  // tap sums per wgrad block (kernels above 5x5 use several tap groups)
+
+struct Geo {
+  int64_t N, C, H, W, OH, OW;
+  int KH, KW, sh, sw, pt, pl, dh, dw;
+};
+
+Geo to_geo(const DepthwiseGeometry& g) {
+  return Geo{g.N,
+             g.C,
+             g.H,
+             g.W,
+             g.OH,
+             g.OW,
+             static_cast<int>(g.KH),
+             static_cast<int>(g.KW),
+             static_cast<int>(g.sh),
+             static_cast<int>(g.sw),
+             static_cast<int>(g.pt),
+             static_cast<int>(g.pl),
+             static_cast<int>(g.dh),
+             static_cast<int>(g.dw)};
+}
+
+// Element (n, c, h, w) of a (N, C, Hd, Wd) tensor in either layout.
+template <bool CL>
+__device__ __forceinline__ int64_t at4(int64_t n, int64_t c, int64_t h, int64_t w, int64_t C, int64_t Hd, int64_t Wd) {
+  return CL ? ((n * Hd + h) * Wd + w) * C + c : ((n * C + c) * Hd + h) * Wd + w;
+}
+
+// Splits a linear thread index into (n, c, h, w) with the layout's innermost dimension fastest.
+template <bool CL>
+__device__ __forceinline__ void split4(int64_t i, int64_t C, int64_t Hd, int64_t Wd, int64_t& n, int64_t& c, int64_t& h,
+                                       int64_t& w) {
+  if (CL) {
+    c = i % C;
+    i /= C;
+    w = i % Wd;
+    i /= Wd;
+    h = i % Hd;
+    n = i / Hd;
+  } else {
+    w = i % Wd;
+    i /= Wd;
+    h = i % Hd;
+    i /= Hd;
+    c = i % C;
+    n = i / C;
+  }
+}
+
+// K > 0: a KxK kernel known at compile time (fully unrolled); K == 0: any KH x KW.
+template <typename T, int K, bool CL>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b, T* __restrict__ y,
+                   Geo g, int64_t total) {
+  const int KH = K > 0 ? K : g.KH, KW = K > 0 ? K : g.KW;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t n, c, oh, ow;
+    split4<CL>(i, g.C, g.OH, g.OW, n, c, oh, ow);
+    const int64_t ih0 = oh * g.sh - g.pt, iw0 = ow * g.sw - g.pl;
+    const float* wc = w + c * KH * KW;
+    float acc = b ? b[c] : 0.f;
+#pragma unroll
+    for (int kh = 0; kh < KH; ++kh) {
+      const int64_t ih = ih0 + static_cast<int64_t>(kh) * g.dh;
+      if (ih < 0 || ih >= g.H) continue;
+#pragma unroll
+      for (int kw = 0; kw < KW; ++kw) {
+        const int64_t iw = iw0 + static_cast<int64_t>(kw) * g.dw;
+        if (iw < 0 || iw >= g.W) continue;
+        acc += wc[kh * KW + kw] * static_cast<float>(x[at4<CL>(n, c, ih, iw, g.C, g.H, g.W)]);
+      }
+    }
+    y[i] = static_cast<T>(acc);
+  }
+}
+
+template <typename T, bool CL>
+__global__ void __launch_bounds__(kThreads) backward_input_kernel(const T* __restrict__ go, const float* __restrict__ w,
+                                                                  T* __restrict__ dx, Geo g, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t n, c, ih, iw;
+    split4<CL>(i, g.C, g.H, g.W, n, c, ih, iw);
+    const float* wc = w + c * g.KH * g.KW;
+    float acc = 0.f;
+    for (int kh = 0; kh < g.KH; ++kh) {
+      const int64_t th = ih + g.pt - static_cast<int64_t>(kh) * g.dh;
+      if (th < 0 || th % g.sh != 0) continue;
+      const int64_t oh = th / g.sh;
+      if (oh >= g.OH) continue;
+      for (int kw = 0; kw < g.KW; ++kw) {
+        const int64_t tw = iw + g.pl - static_cast<int64_t>(kw) * g.dw;
+        if (tw < 0 || tw % g.sw != 0) continue;
+        const int64_t ow = tw / g.sw;
+        if (ow >= g.OW) continue;
+        acc += wc[kh * g.KW + kw] * static_cast<float>(go[at4<CL>(n, c, oh, ow, g.C, g.OH, g.OW)]);
+      }
+    }
+    dx[i] = static_cast<T>(acc);
+  }
+}
+
+// Weight gradient partials. NCHW: block = 256 threads on one channel (blockIdx.y), consecutive
+// threads on consecutive positions. NHWC: block = 32 channels (threadIdx.x) x 8 position lanes
+// (threadIdx.y). blockIdx.x = partition, blockIdx.z = tap group. Partial sums go to
+// ws[((part * C + c) * (taps + 1)) + tap] (the last slot: bias, written by tap group 0 only).
+template <typename T, bool CL>
+__global__ void __launch_bounds__(kThreads)
+    backward_weight_partial_kernel(const T* __restrict__ go, const T* __restrict__ x, float* __restrict__ ws, Geo g,
+                                   int64_t positions, int64_t per_part) {
+  __shared__ float red[kThreads];
+  const int taps = g.KH * g.KW;
+  const int t0 = blockIdx.z * kMaxTaps;
+  const int nt = min(kMaxTaps, taps - t0);
+  const int lanes = CL ? blockDim.y : blockDim.x;
+  const int lane = CL ? threadIdx.y : threadIdx.x;
+  const int64_t c = CL ? static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x : blockIdx.y;
+  const bool active = c < g.C;
+  const int64_t begin = blockIdx.x * per_part, end = min(positions, begin + per_part);
+  float acc[kMaxTaps];
+  float bacc = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxTaps; ++j) acc[j] = 0.f;
+  if (active) {
+    for (int64_t p = begin + lane; p < end; p += lanes) {
+      const int64_t ow = p % g.OW, oh = (p / g.OW) % g.OH, n = p / (g.OW * g.OH);
+      const float gv = static_cast<float>(go[at4<CL>(n, c, oh, ow, g.C, g.OH, g.OW)]);
+      bacc += gv;
+      const int64_t ih0 = oh * g.sh - g.pt, iw0 = ow * g.sw - g.pl;
+#pragma unroll
+      for (int j = 0; j < kMaxTaps; ++j) {
+        if (j < nt) {
+          const int t = t0 + j;
+          const int64_t ih = ih0 + static_cast<int64_t>(t / g.KW) * g.dh;
+          const int64_t iw = iw0 + static_cast<int64_t>(t % g.KW) * g.dw;
+          if (ih >= 0 && ih < g.H && iw >= 0 && iw < g.W) {
+            acc[j] += gv * static_cast<float>(x[at4<CL>(n, c, ih, iw, g.C, g.H, g.W)]);
+          }
+        }
+      }
+    }
+  }
+  // Fixed-order reduction over the position lanes of the block, one tap at a time.
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  auto reduce = [&](float v) -> float {
+    red[tid] = v;
+    __syncthreads();
+    if (CL) {  // over threadIdx.y (8 lanes), per channel threadIdx.x
+      if (threadIdx.y == 0) {
+        float s = 0.f;
+        for (int l = 0; l < lanes; ++l) s += red[l * blockDim.x + threadIdx.x];
+        v = s;
+      }
+    } else {  // over all 256 threads: a fixed tree
+      for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
+        if (tid < stride) red[tid] += red[tid + stride];
+        __syncthreads();
+      }
+      v = red[0];
+    }
+    __syncthreads();
+    return v;
+  };
+  const bool writer = CL ? (threadIdx.y == 0 && active) : tid == 0;
+  float* out = ws + (static_cast<int64_t>(blockIdx.x) * g.C + c) * (taps + 1);
+  for (int j = 0; j < nt; ++j) {
+    const float s = reduce(acc[j]);
+    if (writer) out[t0 + j] = s;
+  }
+  if (blockIdx.z == 0) {
+    const float s = reduce(bacc);
+    if (writer) out[taps] = s;
+  }
+}
+
+template <typename T>
+__global__ void backward_weight_combine_kernel(const float* __restrict__ ws, T* __restrict__ dw, T* __restrict__ db,
+                                               int64_t C, int taps, int64_t parts) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= C * (taps + 1)) return;
+  const int64_t c = i / (taps + 1);
+  const int k = static_cast<int>(i % (taps + 1));
+  float s = 0.f;
+  for (int64_t p = 0; p < parts; ++p) s += ws[(p * C + c) * (taps + 1) + k];
+  if (k < taps) {
+    dw[c * taps + k] = static_cast<T>(s);
+  } else {
+    db[c] = static_cast<T>(s);
+  }
+}
+
+int64_t grid_for(int64_t total) {
+  const int64_t blocks = (total + kThreads - 1) / kThreads;
+  return std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{1} << 20));
+}
+
+void check_geo_fits(const DepthwiseGeometry& g) {
+  // Kernel sizes, strides, pads and dilations are held in 32 bits on the device.
+  const int64_t lim = int64_t{1} << 30;
+  TORCH_CHECK(
+      g.KH < lim && g.KW < lim && g.sh < lim && g.sw < lim && g.pt < lim && g.pl < lim && g.dh < lim && g.dw < lim,
+      "fastops.depthwise_conv2d: kernel, stride, padding and dilation must be below 2^30 on CUDA");
+}
+
+at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  check_depthwise_inputs(x_in, weight, bias);
+  const DepthwiseGeometry dg =
+      make_depthwise_geometry(kOp, x_in.sizes(), weight.size(2), weight.size(3), stride, padding, dilation);
+  check_geo_fits(dg);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const bool cl = use_channels_last(x_in);
+  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  at::Tensor y = at::empty({dg.N, dg.C, dg.OH, dg.OW}, x.options().memory_format(fmt));
+  const int64_t total = y.numel();
+  if (total == 0) return y;
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  const at::Tensor b = bias.has_value() && bias->defined() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const Geo g = to_geo(dg);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int k = dg.KH == dg.KW && (dg.KH == 3 || dg.KH == 5 || dg.KH == 7) ? static_cast<int>(dg.KH) : 0;
+  FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_depthwise_conv2d_cuda", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const float* wp = w.const_data_ptr<float>();
+    const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    auto launch = [&](auto kernel) {
+      kernel<<<grid_for(total), kThreads, 0, stream>>>(xp, wp, bp, yp, g, total);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (cl) {
+      switch (k) {
+        case 3:
+          launch(forward_kernel<scalar_t, 3, true>);
+          break;
+        case 5:
+          launch(forward_kernel<scalar_t, 5, true>);
+          break;
+        case 7:
+          launch(forward_kernel<scalar_t, 7, true>);
+          break;
+        default:
+          launch(forward_kernel<scalar_t, 0, true>);
+      }
+    } else {
+      switch (k) {
+        case 3:
+          launch(forward_kernel<scalar_t, 3, false>);
+          break;
+        case 5:
+          launch(forward_kernel<scalar_t, 5, false>);
+          break;
+        case 7:
+          launch(forward_kernel<scalar_t, 7, false>);
+          break;
+        default:
+          launch(forward_kernel<scalar_t, 0, false>);
+      }
+    }
+  });
+  return y;
+}
+
+at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::Tensor& weight,
+                                           c10::SymIntArrayRef input_size_sym, at::IntArrayRef stride,
+                                           at::IntArrayRef padding, at::IntArrayRef dilation, bool channels_last) {
+  const at::IntArrayRef input_size = C10_AS_INTARRAYREF_SLOW(input_size_sym);
+  const DepthwiseGeometry dg = check_depthwise_backward_input(grad_in, weight, input_size, stride, padding, dilation);
+  check_geo_fits(dg);
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  const auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor go = grad_in.contiguous(fmt);
+  at::Tensor dx = at::empty(input_size, go.options().memory_format(fmt));
+  const int64_t total = dx.numel();
+  if (total == 0) return dx;
+  const at::Tensor w = weight.to(at::kFloat).contiguous();
+  const Geo g = to_geo(dg);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  FASTOPS_DISPATCH_FLOAT_HALF_BF16(go.scalar_type(), "fastops_depthwise_dgrad_cuda", [&] {
+    const scalar_t* gp = go.const_data_ptr<scalar_t>();
+    const float* wp = w.const_data_ptr<float>();
+    scalar_t* dxp = dx.data_ptr<scalar_t>();
+    if (channels_last) {
+      backward_input_kernel<scalar_t, true><<<grid_for(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
+    } else {
+      backward_input_kernel<scalar_t, false><<<grid_for(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return dx;
+}
+
+std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                                    at::IntArrayRef kernel_size, at::IntArrayRef stride,
+                                                                    at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const DepthwiseGeometry dg = check_depthwise_backward_weight(grad_in, x_in, kernel_size, stride, padding, dilation);
+  check_geo_fits(dg);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  const bool cl = use_channels_last(x_in);
+  const auto fmt = cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  const at::Tensor x = x_in.contiguous(fmt);
+  const at::Tensor go = grad_in.contiguous(fmt);
+  at::Tensor dw = at::empty({dg.C, 1, dg.KH, dg.KW}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor db = at::empty({dg.C}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (dg.C == 0) return {dw, db};
+  const int taps = static_cast<int>(dg.taps());
+  const int64_t positions = dg.N * dg.OH * dg.OW;
+  // Fixed partition of the positions: ~4096 per partition, at most 1024 partitions.
+  constexpr int64_t kPerPart = 4096;
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(1024, (positions + kPerPart - 1) / kPerPart));
+  const int64_t per_part = std::max<int64_t>(1, (positions + parts - 1) / parts);
+  const int tap_groups = (taps + kMaxTaps - 1) / kMaxTaps;
+  TORCH_CHECK(tap_groups < 65536,
+              "fastops.depthwise_conv2d_backward_weight: kernel too large for the CUDA weight gradient");
+  at::Tensor ws = at::empty({parts, dg.C, taps + 1}, x.options().dtype(at::kFloat));
+  const Geo g = to_geo(dg);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const int64_t channel_blocks = cl ? (dg.C + 31) / 32 : dg.C;
+  TORCH_CHECK(channel_blocks < 65536,
+              "fastops.depthwise_conv2d_backward_weight: more than 65535 channel blocks is not supported on CUDA");
+  FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_depthwise_wgrad_cuda", [&] {
+    const scalar_t* gp = go.const_data_ptr<scalar_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    float* wsp = ws.data_ptr<float>();
+    const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(channel_blocks),
+                    static_cast<unsigned>(tap_groups));
+    if (positions == 0) {
+      ws.zero_();
+    } else if (cl) {
+      backward_weight_partial_kernel<scalar_t, true>
+          <<<grid, dim3(32, kThreads / 32), 0, stream>>>(gp, xp, wsp, g, positions, per_part);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      backward_weight_partial_kernel<scalar_t, false>
+          <<<grid, dim3(kThreads), 0, stream>>>(gp, xp, wsp, g, positions, per_part);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    const int64_t outs = dg.C * (taps + 1);
+    backward_weight_combine_kernel<scalar_t><<<grid_for(outs), kThreads, 0, stream>>>(
+        wsp, dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), dg.C, taps, parts);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {dw, db};
+}
+
+}  // namespace
+}  // namespace fastops::cuda
+
+TORCH_LIBRARY_IMPL(fastops, CUDA, m) {
+  m.impl("depthwise_conv2d", &fastops::cuda::depthwise_conv2d);
+  m.impl("depthwise_conv2d_backward_input", &fastops::cuda::depthwise_conv2d_backward_input);
+  m.impl("depthwise_conv2d_backward_weight", &fastops::cuda::depthwise_conv2d_backward_weight);
+}

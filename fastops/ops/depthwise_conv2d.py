@@ -1,0 +1,191 @@
+"""depthwise_conv2d: F.conv2d(..., groups=C) with our own kernels for NCHW and channels_last, forward,
+input gradient and a deterministic weight/bias gradient."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from fastops.ops._validate import check_floating, check_tensor
+
+_OP = "depthwise_conv2d"
+IntPair = int | Sequence[int]
+
+
+def _pair(arg: str, value: object, minimum: int) -> tuple[int, int]:
+    if isinstance(value, bool):
+        raise TypeError(f"fastops.{_OP}: expected {arg} to be an int or a pair of ints, got bool")
+    if isinstance(value, numbers.Integral):
+        pair = (int(value), int(value))
+    elif (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"fastops.{_OP}: expected {arg} to be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"fastops.{_OP}: expected {arg} to be >= {minimum}, got {value!r}")
+    return pair
+
+
+def resolve_padding(
+    padding: IntPair | str, kernel_size: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]
+) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) for an int, a pair, "valid" or "same" (F.conv2d's rules: "same"
+    needs stride 1 and puts the odd extra zero at the bottom/right)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(f"fastops.{_OP}: padding='same' is not supported for strided convolutions")
+            total_h = dilation[0] * (kernel_size[0] - 1)
+            total_w = dilation[1] * (kernel_size[1] - 1)
+            return (total_h // 2, total_h - total_h // 2, total_w // 2, total_w - total_w // 2)
+        raise ValueError(
+            f"fastops.{_OP}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}"
+        )
+    ph, pw = _pair("padding", padding, 0)
+    return (ph, ph, pw, pw)
+
+
+def depthwise_conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: IntPair = 1,
+    padding: IntPair | str = 0,
+    dilation: IntPair = 1,
+) -> Tensor:
+    """Depthwise 2-D convolution: ``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)``.
+
+    Args:
+        x: (N, C, H, W), float32, float16 or bfloat16 (float64 on the CPU), CPU or CUDA. A
+            channels_last x runs the NHWC kernels and gives a channels_last output; any other x runs
+            the NCHW kernels (non-contiguous views are made contiguous first) and gives a contiguous
+            output.
+        weight: (C, 1, kh, kw) of x's dtype and device — channel multiplier 1 (a (C*m, 1, kh, kw)
+            weight with m > 1 is rejected). Any kernel size.
+        bias: None or (C,).
+        stride, dilation: int or (h, w) pair, >= 1.
+        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1).
+
+    Returns (N, C, OH, OW) with OH = (H + 2*pad_h - dilation_h*(kh - 1) - 1) // stride_h + 1.
+
+    Gradients for x, weight and bias come from our kernels; the weight/bias gradient accumulates in
+    fp32 (fp64 for fp64 inputs) over a fixed partition of the work and is bitwise repeatable.
+    Under autocast it runs in the autocast dtype, as conv2d does.
+
+    Equals: ``torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])``
+    (see ``fastops.reference.depthwise_conv2d``).
+    """
+    check_tensor(_OP, "x", x)
+    check_tensor(_OP, "weight", weight)
+    if bias is not None:
+        check_tensor(_OP, "bias", bias)
+    if x.dim() != 4:
+        raise ValueError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
+    if weight.dim() != 4 or weight.shape[1] != 1:
+        raise ValueError(
+            f"fastops.{_OP}: expected weight of shape (C, 1, kh, kw) (channel multiplier 1), "
+            f"got {tuple(weight.shape)}"
+        )
+    if weight.shape[0] != x.shape[1]:
+        raise ValueError(
+            f"fastops.{_OP}: expected weight.size(0) == channels of x ({x.shape[1]}), got weight of shape "
+            f"{tuple(weight.shape)} (a channel multiplier > 1 is not supported)"
+        )
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != x.shape[1]):
+        raise ValueError(f"fastops.{_OP}: expected bias of shape ({x.shape[1]},), got {tuple(bias.shape)}")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
+            )
+    s = _pair("stride", stride, 1)
+    d = _pair("dilation", dilation, 1)
+    p = resolve_padding(padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
+    return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
+
+
+def _uses_channels_last(x: Tensor) -> bool:
+    # The rule of the C++ kernels (fastops/depthwise.h: use_channels_last).
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def _out_hw(
+    h: int, w: int, k: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
+):  # noqa: ANN202
+    span_h = dilation[0] * (k[0] - 1) + 1
+    span_w = dilation[1] * (k[1] - 1) + 1
+    hp, wp = h + padding[0] + padding[1], w + padding[2] + padding[3]
+    torch._check(
+        hp >= span_h and wp >= span_w,
+        lambda: (
+            f"fastops.{_OP}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
+            f"({span_h} x {span_w})"
+        ),
+    )
+    return (hp - span_h) // stride[0] + 1, (wp - span_w) // stride[1] + 1
+
+
+@torch.library.register_fake("fastops::depthwise_conv2d")
+def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation) -> Tensor:  # noqa: ANN001
+    check_floating(_OP, "x", x)
+    torch._check(weight.dtype == x.dtype, lambda: f"fastops.{_OP}: expected weight to have the dtype of x")
+    torch._check(
+        weight.dim() == 4 and weight.shape[1] == 1 and weight.shape[0] == x.shape[1],
+        lambda: f"fastops.{_OP}: expected weight of shape (C, 1, kh, kw), got {tuple(weight.shape)}",
+    )
+    oh, ow = _out_hw(x.shape[2], x.shape[3], weight.shape[2:], stride, padding, dilation)
+    fmt = torch.channels_last if _uses_channels_last(x) else torch.contiguous_format
+    return x.new_empty((x.shape[0], x.shape[1], oh, ow)).contiguous(memory_format=fmt)
+
+
+@torch.library.register_fake("fastops::depthwise_conv2d_backward_input")
+def _fake_dgrad(
+    grad_out: Tensor, weight: Tensor, input_size, stride, padding, dilation, channels_last: bool
+) -> Tensor:  # noqa: ANN001
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return grad_out.new_empty(tuple(input_size)).contiguous(memory_format=fmt)
+
+
+@torch.library.register_fake("fastops::depthwise_conv2d_backward_weight")
+def _fake_wgrad(grad_out: Tensor, x: Tensor, kernel_size, stride, padding, dilation) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    c = x.shape[1]
+    return x.new_empty((c, 1, kernel_size[0], kernel_size[1])), x.new_empty((c,))
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    x, weight, bias, stride, padding, dilation = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+    ctx.args = (stride, padding, dilation)
+    ctx.channels_last = _uses_channels_last(x)
+
+
+def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+    x, weight = ctx.saved_tensors
+    stride, padding, dilation = ctx.args
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        grad_x = torch.ops.fastops.depthwise_conv2d_backward_input.default(
+            grad_out, weight, list(x.shape), stride, padding, dilation, ctx.channels_last
+        )
+    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+        grad_w, grad_b = torch.ops.fastops.depthwise_conv2d_backward_weight.default(
+            grad_out, x, list(weight.shape[2:]), stride, padding, dilation
+        )
+        if not ctx.has_bias:
+            grad_b = None
+    return grad_x, grad_w, grad_b, None, None, None
+
+
+torch.library.register_autograd("fastops::depthwise_conv2d", _backward, setup_context=_setup_context)
+# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/cpu/depthwise_conv2d.cpp),
+# since torch.library.register_autocast can only name a fixed dtype.

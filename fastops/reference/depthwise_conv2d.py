@@ -1,0 +1,20 @@
+"""Plain-PyTorch depthwise_conv2d: the definition every test and benchmark compares against."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def depthwise_conv2d(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] | str = 0,
+    dilation: int | Sequence[int] = 1,
+) -> Tensor:
+    """``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)`` with weight (C, 1, kh, kw)."""
+    return F.conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])

@@ -1,0 +1,137 @@
+"""DDP plumbing: process-group setup from torchrun's environment, BatchNorm synchronisation, and
+small collectives (all-reduce of metric sums, gathering per-rank RNG states)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(device: torch.device, timeout_s: float = 300.0) -> DistInfo:
+    """Join the process group when launched by torchrun (WORLD_SIZE > 1), else a single process.
+
+    gloo on the CPU, nccl on CUDA with one GPU per local rank. The timeout bounds every collective,
+    so a rank that dies turns into an error on the others instead of a hang.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo(device=device)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def all_reduce_sum(t: Tensor, info: DistInfo) -> Tensor:
+    if info.enabled:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_gather_objects(obj: object, info: DistInfo) -> list[object]:
+    if not info.enabled:
+        return [obj]
+    out: list[object] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class GlooSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose training statistics are taken over the global batch of all ranks (CPU/gloo).
+
+    torch's nn.SyncBatchNorm only runs on GPUs; this is its CPU counterpart: per-channel sums are
+    all-reduced with the autograd-aware ``torch.distributed.nn.functional.all_reduce`` (whose
+    backward all-reduces the gradients), so the forward and the gradients equal those of a single
+    process on the concatenated batch. Same Parameters and buffers as nn.BatchNorm2d, so the
+    state_dict is unchanged. Two all-reduces per layer per step: fine for the CPU, where it is used.
+    """
+
+    @classmethod
+    def from_batchnorm(cls, bn: nn.BatchNorm2d) -> GlooSyncBatchNorm:
+        new = cls.__new__(cls)
+        new.__dict__ = bn.__dict__.copy()  # shares the same Parameter and buffer objects
+        new._parameters = bn._parameters.copy()
+        new._buffers = bn._buffers.copy()
+        new._modules = bn._modules.copy()
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not (self.training and dist.is_initialized() and dist.get_world_size() > 1):
+            return super().forward(x)
+        from torch.distributed.nn.functional import all_reduce
+
+        c = x.shape[1]
+        xf = x.float()
+        stats = torch.cat([xf.sum((0, 2, 3)), torch.full((1,), float(xf.numel() // c), dtype=xf.dtype)])
+        stats = all_reduce(stats)
+        n = stats[c]
+        mean = stats[:c] / n
+        centred = xf - mean[None, :, None, None]
+        var = all_reduce(centred.square().sum((0, 2, 3))) / n
+        y = centred * torch.rsqrt(var + self.eps)[None, :, None, None]
+        if self.affine:
+            y = y * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+        if self.track_running_stats:
+            assert self.running_mean is not None and self.running_var is not None
+            assert self.num_batches_tracked is not None
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+                unbiased = var * (n / (n - 1).clamp(min=1))
+                self.running_mean.lerp_(mean.to(self.running_mean.dtype), momentum)
+                self.running_var.lerp_(unbiased.to(self.running_var.dtype), momentum)
+        return y.to(x.dtype)
+
+
+def sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
+    """Make BatchNorm layers compute their statistics over the global batch (DDP with BN)."""
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+    def convert(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if type(child) is nn.BatchNorm2d:
+                setattr(parent, name, GlooSyncBatchNorm.from_batchnorm(child))
+            else:
+                convert(child)
+
+    convert(model)
+    return model

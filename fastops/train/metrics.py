@@ -1,0 +1,100 @@
+"""Run records: metrics.csv per epoch, TensorBoard events (when tensorboard is installed),
+summary.json, early stopping, and the peak-memory probe."""
+
+from __future__ import annotations
+
+import csv
+import json
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CSV_FIELDS = [
+    "epoch",
+    "step",
+    "lr",
+    "train_loss",
+    "train_accuracy",
+    "val_loss",
+    "val_accuracy",
+    "epoch_time_s",
+    "samples_per_s",
+]
+
+
+class MetricsWriter:
+    """Appends one row per epoch to metrics.csv and, if tensorboard is importable, to its events."""
+
+    def __init__(self, run_dir: Path, *, resume: bool) -> None:
+        self.path = run_dir / "metrics.csv"
+        if not resume or not self.path.exists():
+            with open(self.path, "w", newline="") as f:
+                csv.DictWriter(f, fieldnames=CSV_FIELDS).writeheader()
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            pass
+
+    def write(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore").writerow(row)
+        if self.tb is not None:
+            for key in CSV_FIELDS[2:]:
+                if row.get(key) is not None:
+                    self.tb.add_scalar(key, row[key], row["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+@dataclass
+class EarlyStopping:
+    """Stop after ``patience`` epochs without a better validation accuracy (0: never stop)."""
+
+    patience: int
+    best: float = float("-inf")
+    best_epoch: int = 0
+    bad_epochs: int = 0
+
+    def update(self, value: float, epoch: int) -> bool:
+        """Record this epoch's value; True when it is a new best."""
+        if value > self.best:
+            self.best, self.best_epoch, self.bad_epochs = value, epoch, 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad_epochs >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak memory of the run: CUDA's max allocated bytes on a GPU; on the CPU the process's peak
+    resident set size (which includes the Python interpreter and torch itself)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 2**10  # bytes on macOS, KiB on Linux
+
+
+def write_json(path: Path, obj: object) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")

@@ -1,0 +1,425 @@
+"""fastops.depthwise_conv2d and its modules against F.conv2d(groups=C) in float64, both layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastops
+from fastops import reference
+from tests.helpers import DEVICES, assert_close_to_reference, devices
+
+# ---- sample inputs -----------------------------------------------------------------------------------
+
+
+def _case_grid() -> list[tuple]:
+    """(N, C, H, W, k, stride, dilation, padding): every k, stride, dilation and padding kind at least
+    once with each other axis, sampled (not the full cross product) to keep the suite fast; plus the
+    edge cases: batch 1, empty batch, H or W smaller than k, C not a multiple of 8, asymmetric pads."""
+    rng = random.Random(5)
+    cases = []
+    for k in (1, 3, 5, 7, 9):
+        for stride in (1, 2):
+            for dilation in (1, 2):
+                for padding in (0, "same", "valid", "half"):
+                    if padding == "same" and stride != 1:
+                        continue
+                    pad = (k // 2) * dilation if padding == "half" else padding
+                    span = dilation * (k - 1) + 1
+                    n = rng.choice((1, 2))
+                    c = rng.choice((1, 3, 5, 13, 17))
+                    low = span if pad in (0, "valid") else 1
+                    h = rng.randint(low, low + 9)
+                    w = rng.randint(low, low + 9)
+                    cases.append((n, c, h, w, k, stride, dilation, pad))
+    cases += [
+        (0, 4, 9, 9, 3, 1, 1, 1),  # empty batch
+        (1, 9, 2, 11, 5, 1, 1, 2),  # H smaller than k
+        (2, 6, 8, 3, 7, 2, 1, 3),  # W smaller than k, stride 2
+        (1, 33, 15, 14, (3, 5), (2, 1), (1, 2), (1, 3)),  # rectangular everything
+        (2, 40, 16, 16, 3, 2, 1, 1),  # C a multiple of 8 with a vector tail (40 = 2*16 + 8)
+        (1, 70, 7, 7, 3, 1, 1, 1),  # the NHWC 4-vector channel block plus a tail
+        (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
+        (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
+    ]
+    return cases
+
+
+CASES = _case_grid()
+LAYOUTS = ("contiguous", "channels_last", "sliced")
+
+
+def _ids(case: tuple) -> str:
+    n, c, h, w, k, s, d, p = case
+    return f"n{n}c{c}h{h}w{w}-k{k}-s{s}-d{d}-p{p}".replace(" ", "")
+
+
+def _layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "channels_last":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "sliced":  # a non-contiguous view: every other column of a wider tensor
+        wide = torch.empty(*x.shape[:3], 2 * x.shape[3], dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    return x
+
+
+def _inputs(case: tuple, dtype: torch.dtype, device: str, layout: str, bias: bool = True):
+    n, c, h, w, k, _, _, _ = case
+    kh, kw = (k, k) if isinstance(k, int) else k
+    gen = torch.Generator().manual_seed(hash(case) % 2**31)
+    x = torch.randn(n, c, h, w, generator=gen, dtype=torch.float64)
+    wt = torch.randn(c, 1, kh, kw, generator=gen, dtype=torch.float64)
+    b = torch.randn(c, generator=gen, dtype=torch.float64) if bias else None
+    x = _layout(x.to(dtype=dtype, device=device), layout)
+    wt = wt.to(dtype=dtype, device=device)
+    b = b.to(dtype=dtype, device=device) if b is not None else None
+    return x, wt, b
+
+
+def _run(fn, x, w, b, stride, padding, dilation, grad_seed: int = 1):  # noqa: ANN001, ANN202
+    """Output and the gradients of x, w, b for a fixed random upstream gradient."""
+    x = x.detach().requires_grad_(True)
+    w = w.detach().requires_grad_(True)
+    b = b.detach().requires_grad_(True) if b is not None else None
+    y = fn(x, w, b, stride, padding, dilation)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64)
+    g = g.to(dtype=y.dtype, device=y.device)
+    inputs = [t for t in (x, w, b) if t is not None]
+    grads = (
+        torch.autograd.grad(y, inputs, g, allow_unused=True)
+        if y.numel()
+        else [torch.zeros_like(t) for t in inputs]
+    )
+    grads = [torch.zeros_like(t) if gr is None else gr for t, gr in zip(inputs, grads, strict=True)]
+    return y.detach(), grads, g
+
+
+def _check(case: tuple, dtype: torch.dtype, device: str, layout: str) -> None:
+    _, _, _, _, _, stride, dilation, padding = case
+    x, w, b = _inputs(case, dtype, device, layout)
+    y, grads, g = _run(fastops.depthwise_conv2d, x, w, b, stride, padding, dilation)
+    x64, w64, b64 = (t.detach().double().cpu() for t in (x, w, b))
+    y64, grads64, _ = _run(reference.depthwise_conv2d, x64, w64, b64, stride, padding, dilation)
+    eager_y, eager_grads = None, [None] * 3
+    if dtype in (torch.float16, torch.bfloat16):
+        eager_y, eager_grads, _ = _run(reference.depthwise_conv2d, x, w, b, stride, padding, dilation)
+    # Our gradients for the upstream gradient g; the reference's was drawn with the same seed in fp64,
+    # so recompute the fp64 gradients with g as our dtype held it.
+    if dtype != torch.float64:
+        xr, wr, br = (t.requires_grad_(True) for t in (x64.clone(), w64.clone(), b64.clone()))
+        yr = reference.depthwise_conv2d(xr, wr, br, stride, padding, dilation)
+        grads64 = list(torch.autograd.grad(yr, (xr, wr, br), g.double().cpu())) if yr.numel() else grads64
+    assert y.dtype == dtype and y.shape == y64.shape
+    want_cl = layout == "channels_last" and not x.is_contiguous()
+    assert y.is_contiguous(memory_format=torch.channels_last if want_cl else torch.contiguous_format)
+    names = ("output", "grad_x", "grad_weight", "grad_bias")
+    for name, ours, ref, eager in zip(
+        names, [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True
+    ):
+        factor = 2.0 if name == "output" else 3.0
+        # fp32: the reductions sum up to a few hundred products; allow for their rounding.
+        tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
+        try:
+            assert_close_to_reference(ours, ref, eager=eager, factor=factor, **tol)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+# ---- correctness -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_matches_conv2d_float64(case: tuple, layout: str) -> None:
+    _check(case, torch.float64, "cpu", layout)
+
+
+# A sample of the grid for the lower precisions (every 3rd case, rotating the layout).
+_HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])]
+
+
+@devices
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    ("case", "layout"), _HALF_CASES, ids=lambda v: _ids(v) if isinstance(v, tuple) else v
+)
+def test_matches_conv2d_low_precision(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # the eager fp32 reference must be true fp32 on CUDA
+    try:
+        _check(case, dtype, device, layout)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+@devices
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_mobilenet_like_shapes(device: str, dtype: torch.dtype, layout: str) -> None:
+    """Bigger planes and channel counts than the grid: the register-blocked interiors (3/5/7 taps,
+    stride 1 and 2, dilation 2), the strided dgrad phase blocks and the wgrad workspace."""
+    for case in [
+        (2, 40, 20, 21, 7, 1, 1, 3),
+        (1, 24, 21, 19, 5, 2, 1, 2),
+        (1, 20, 18, 18, 3, 1, 2, 2),
+        (1, 17, 23, 23, 3, 3, 1, 1),
+    ]:
+        _check(case, dtype, device, layout)
+    for case in [
+        (2, 32, 28, 28, 3, 1, 1, 1),
+        (2, 96, 29, 29, 3, 2, 1, 1),
+        (1, 144, 14, 14, 5, 1, 1, 2),
+        (3, 24, 7, 7, 7, 1, 1, 3),
+    ]:
+        _check(case, torch.float32, device, layout)
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_gradcheck(layout: str) -> None:
+    for k, stride, dilation, padding in [
+        (3, 1, 1, "same"),
+        (3, 2, 2, 1),
+        ((2, 3), (1, 2), 1, (1, 0)),
+        (4, 1, 1, "same"),
+    ]:
+        x = _layout(torch.randn(2, 3, 6, 7, dtype=torch.float64), layout).requires_grad_(True)
+        kh, kw = (k, k) if isinstance(k, int) else k
+        w = torch.randn(3, 1, kh, kw, dtype=torch.float64, requires_grad=True)
+        b = torch.randn(3, dtype=torch.float64, requires_grad=True)
+        fn = lambda x, w, b: fastops.depthwise_conv2d(x, w, b, stride, padding, dilation)  # noqa: B023, E731
+        assert torch.autograd.gradcheck(fn, (x, w, b))
+
+
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
+    """Same partition, same order, whatever the thread count: identical bits run after run."""
+    x = _layout(torch.randn(4, 24, 33, 31), layout)
+    g = _layout(torch.randn(4, 24, 33, 31), layout)
+    args = ([3, 3], [1, 1], [1, 1, 1, 1], [1, 1])
+    first = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, threads):
+            torch.set_num_threads(n)
+            for _ in range(2):
+                again = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+                assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _layout(torch.randn(8, 40, 57, 31, device="cuda", dtype=dtype), layout)
+        g = _layout(torch.randn(8, 40, 29, 16, device="cuda", dtype=dtype), layout)
+        args = ([7, 7], [2, 2], [3, 3, 3, 3], [1, 1])
+        first = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+        for _ in range(3):
+            again = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, *args)
+            assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+
+
+@devices
+def test_opcheck(device: str) -> None:
+    for layout in ("contiguous", "channels_last"):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = _layout(torch.randn(2, 5, 9, 8, device=device, dtype=dtype), layout).requires_grad_(True)
+            w = torch.randn(5, 1, 3, 3, device=device, dtype=dtype, requires_grad=True)
+            b = torch.randn(5, device=device, dtype=dtype, requires_grad=True)
+            args = ([2, 1], [1, 1, 0, 2], [1, 2])
+            torch.library.opcheck(torch.ops.fastops.depthwise_conv2d.default, (x, w, b, *args))
+            torch.library.opcheck(torch.ops.fastops.depthwise_conv2d.default, (x, w, None, *args))
+            y = torch.ops.fastops.depthwise_conv2d(x, w, b, *args)
+            g = torch.randn_like(y)
+            torch.library.opcheck(
+                torch.ops.fastops.depthwise_conv2d_backward_input.default,
+                (g, w.detach(), list(x.shape), *args, layout == "channels_last"),
+            )
+            torch.library.opcheck(
+                torch.ops.fastops.depthwise_conv2d_backward_weight.default, (g, x.detach(), [3, 3], *args)
+            )
+
+
+@devices
+def test_torch_compile_fullgraph(device: str) -> None:
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (fastops.depthwise_conv2d(x, w, b, 2, "valid", 1).relu() * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    for layout in ("contiguous", "channels_last"):
+        x = _layout(torch.randn(2, 6, 11, 10, device=device), layout).requires_grad_(True)
+        w = torch.randn(6, 1, 3, 3, device=device, requires_grad=True)
+        b = torch.randn(6, device=device, requires_grad=True)
+        out = compiled(x, w, b)
+        out.backward()
+        grads = [t.grad.clone() for t in (x, w, b)]
+        for t in (x, w, b):
+            t.grad = None
+        ref = f(x, w, b)
+        ref.backward()
+        torch.testing.assert_close(out, ref)
+        for got, t in zip(grads, (x, w, b), strict=True):
+            torch.testing.assert_close(got, t.grad)
+
+
+@devices
+def test_autocast_runs_in_autocast_dtype(device: str) -> None:
+    dtype = torch.bfloat16 if device == "cpu" else torch.float16
+    x = torch.randn(2, 8, 10, 10, device=device, requires_grad=True)
+    w = torch.randn(8, 1, 3, 3, device=device, requires_grad=True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    with torch.autocast(device_type=device, dtype=dtype):
+        y = fastops.depthwise_conv2d(x, w, b, 1, 1)
+        ref = F.conv2d(x, w, b, 1, 1, 1, 8)
+    assert y.dtype == ref.dtype == dtype
+    torch.testing.assert_close(y, ref, rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
+
+
+# ---- modules -----------------------------------------------------------------------------------------
+
+
+@devices
+def test_module_parity_and_checkpoints(device: str) -> None:
+    torch_conv = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
+    ours = fastops.nn.DepthwiseConv2d.from_torch(torch_conv)
+    assert ours.weight is torch_conv.weight and ours.bias is torch_conv.bias
+    x = torch.randn(3, 12, 17, 16, device=device)
+    torch.testing.assert_close(ours(x), torch_conv(x))
+
+    fresh = fastops.nn.DepthwiseConv2d(12, 5, stride=2, padding=2, device=device)
+    assert fresh.state_dict().keys() == torch_conv.state_dict().keys()
+    fresh.load_state_dict(torch_conv.state_dict())
+    torch.testing.assert_close(fresh(x), torch_conv(x))
+    back = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
+    back.load_state_dict(fresh.state_dict())
+    torch.testing.assert_close(back(x), fresh(x))
+    assert "kernel_size=(5, 5)" in repr(fresh)
+
+    nb = nn.Conv2d(4, 4, 3, padding="same", groups=4, bias=False, device=device)
+    m = fastops.nn.DepthwiseConv2d.from_torch(nb)
+    assert m.bias is None
+    xs = torch.randn(1, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(m(xs), nb(xs))
+
+
+@devices
+def test_separable_module_interchanges_with_sequential(device: str) -> None:
+    seq = nn.Sequential(
+        nn.Conv2d(16, 16, 3, stride=1, padding=1, groups=16, device=device),
+        nn.Conv2d(16, 24, 1, device=device),
+    )
+    ours = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, padding=1, device=device)
+    assert {k.split(".", 1)[1] for k in ours.state_dict()} == {k.split(".", 1)[1] for k in seq.state_dict()}
+    ours.load_state_dict(seq.state_dict())  # "0.*" / "1.*" keys
+    x = torch.randn(2, 16, 9, 9, device=device).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    y, y_ref = ours(x), seq(x)
+    torch.testing.assert_close(y, y_ref)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    (gx_ref,) = torch.autograd.grad(y_ref.square().sum(), x)
+    torch.testing.assert_close(gx, gx_ref)
+
+    # and back: our keys into a module with depthwise/pointwise children, and from_torch sharing params
+    class Seed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16, device=device)
+            self.pointwise = nn.Conv2d(16, 24, 1, device=device)
+
+        def forward(self, t: torch.Tensor) -> torch.Tensor:
+            return self.pointwise(self.depthwise(t))
+
+    seed = Seed()
+    seed.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(seed(x), y)
+    shared = fastops.nn.DepthwiseSeparableConv2d.from_torch(seq)
+    assert shared.depthwise.weight is seq[0].weight and shared.pointwise is seq[1]
+    torch.testing.assert_close(shared(x), y_ref)
+
+
+def test_module_rejects_non_depthwise() -> None:
+    with pytest.raises(ValueError, match=r"from_torch: expected a depthwise conv"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 8, 3, groups=4))
+    with pytest.raises(ValueError, match=r"padding_mode='zeros'"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 4, 3, groups=4, padding_mode="reflect"))
+    with pytest.raises(TypeError, match=r"expected an nn\.Conv2d"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
+        fastops.nn.DepthwiseConv2d(4, 3, stride=2, padding="same")
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+
+
+def test_clear_errors() -> None:
+    x = torch.randn(2, 4, 8, 8)
+    w = torch.randn(4, 1, 3, 3)
+    with pytest.raises(ValueError, match=r"expected weight of shape \(C, 1, kh, kw\)"):
+        fastops.depthwise_conv2d(x, torch.randn(4, 3, 3))
+    with pytest.raises(ValueError, match=r"channel multiplier"):
+        fastops.depthwise_conv2d(x, torch.randn(8, 1, 3, 3))
+    with pytest.raises(ValueError, match=r"expected weight\.size\(0\) == channels of x \(4\)"):
+        fastops.depthwise_conv2d(x, torch.randn(3, 1, 3, 3))
+    with pytest.raises(ValueError, match=r"expected bias of shape \(4,\)"):
+        fastops.depthwise_conv2d(x, w, torch.randn(5))
+    with pytest.raises(ValueError, match=r"expected x to be 4-D"):
+        fastops.depthwise_conv2d(torch.randn(4, 8, 8), w)
+    with pytest.raises(ValueError, match=r"expected stride to be >= 1"):
+        fastops.depthwise_conv2d(x, w, stride=0)
+    with pytest.raises(ValueError, match=r"expected dilation to be >= 1"):
+        fastops.depthwise_conv2d(x, w, dilation=(1, 0))
+    with pytest.raises(ValueError, match=r"expected padding to be >= 0"):
+        fastops.depthwise_conv2d(x, w, padding=-1)
+    with pytest.raises(ValueError, match=r"expected padding to be an int, a pair, 'same' or 'valid'"):
+        fastops.depthwise_conv2d(x, w, padding="full")
+    with pytest.raises(TypeError, match=r"expected stride to be an int or a pair"):
+        fastops.depthwise_conv2d(x, w, stride=(1, 2, 3))
+    with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
+        fastops.depthwise_conv2d(x, w, stride=2, padding="same")
+    with pytest.raises(RuntimeError, match=r"smaller than the dilated kernel"):
+        fastops.depthwise_conv2d(torch.randn(1, 4, 2, 8), w)
+    with pytest.raises(RuntimeError, match=r"expected weight to have the dtype of x"):
+        fastops.depthwise_conv2d(x, w.double())
+    with pytest.raises(RuntimeError, match=r"expected x to be a float32"):
+        fastops.depthwise_conv2d(x.int(), w.int())
+    with pytest.raises(RuntimeError, match=r"expected weight on the same device as x"):
+        fastops.depthwise_conv2d(x, w.to("meta"))
+    with pytest.raises(TypeError, match=r"expected x to be a torch\.Tensor"):
+        fastops.depthwise_conv2d([1.0], w)  # type: ignore[arg-type]
+    # the C++ kernels check the same things for direct torch.ops calls
+    with pytest.raises(
+        RuntimeError, match=r"fastops\.depthwise_conv2d: expected weight\.size\(0\) == channels"
+    ):
+        torch.ops.fastops.depthwise_conv2d(x, torch.randn(3, 1, 3, 3), None, [1, 1], [0] * 4, [1, 1])
+    with pytest.raises(RuntimeError, match=r"expected stride to be 2 integers >= 1"):
+        torch.ops.fastops.depthwise_conv2d(x, w, None, [0, 1], [0] * 4, [1, 1])
+    with pytest.raises(RuntimeError, match=r"expected padding to be 4 integers >= 0"):
+        torch.ops.fastops.depthwise_conv2d(x, w, None, [1, 1], [0, -1, 0, 0], [1, 1])
+    with pytest.raises(RuntimeError, match=r"backward_input: expected grad_out of shape"):
+        torch.ops.fastops.depthwise_conv2d_backward_input(
+            torch.randn(2, 4, 5, 5), w, [2, 4, 8, 8], [1, 1], [1] * 4, [1, 1], False
+        )
+    with pytest.raises(RuntimeError, match=r"backward_weight: expected grad_out of shape"):
+        torch.ops.fastops.depthwise_conv2d_backward_weight(
+            torch.randn(2, 4, 5, 5), x, [3, 3], [1, 1], [1] * 4, [1, 1]
+        )
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
+def test_cuda_device_mismatch_and_float64() -> None:
+    x = torch.randn(2, 4, 8, 8, device="cuda")
+    with pytest.raises(RuntimeError, match=r"expected weight on the same device as x"):
+        fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3))
+    with pytest.raises(RuntimeError, match=r"expected weight on the same device as x"):
+        torch.ops.fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3), None, [1, 1], [0] * 4, [1, 1])
+    with pytest.raises(RuntimeError, match=r"expected x to be a float32"):
+        fastops.depthwise_conv2d(x.double(), torch.randn(4, 1, 3, 3, device="cuda", dtype=torch.float64))
