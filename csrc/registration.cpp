@@ -46,13 +46,13 @@ TORCH_LIBRARY(fastops, m) {
   m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
   m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");
 
-  // gelu (issue 3): gelu(x) and gelu(x + bias), approximate "none" (erf) or "tanh"; fastops/ops/gelu.py
+  // gelu: gelu(x) and gelu(x + bias), approximate "none" (erf) or "tanh"; fastops/ops/gelu.py
   m.def("gelu(Tensor x, str approximate) -> Tensor");
   m.def("gelu_backward(Tensor grad_out, Tensor x, str approximate) -> Tensor");
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)");
 
-  // fused_adam (issue 4): one Adam/AdamW step over lists of tensors; fastops/optim/fused_adam.py.
+  // fused_adam_: one Adam/AdamW step over lists of tensors; fastops/optim/fused_adam.py.
   // lr_tensor, when given, replaces lr. grads are written back unscaled when grad_scale is given.
   m.def(
       "fused_adam_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, "
@@ -60,7 +60,7 @@ TORCH_LIBRARY(fastops, m) {
       "float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
       "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
 
-  // depthwise_conv2d (issue 5): F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
+  // depthwise_conv2d: F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
   // (top, bottom, left, right); fastops/ops/depthwise_conv2d.py
   m.def(
       "depthwise_conv2d(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation) "
