@@ -17,7 +17,7 @@ $PY -m fastops.info 2>&1 | tee -a "$OUT/env.txt"
 $PY -m pytest tests -q -p no:cacheprovider ${FASTOPS_TEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -n 15
 # memcheck over the CUDA-side tests (compile and opcheck tests excluded: they mostly exercise the CPU
 # compiler and are slow under the sanitizer).
-compute-sanitizer --tool memcheck --error-exitcode 1 $PY -m pytest tests/ops -q -p no:cacheprovider \
+compute-sanitizer --tool memcheck --error-exitcode 1 $PY -m pytest tests/ops tests/optim -q -p no:cacheprovider \
   -k "cuda and not compile and not opcheck" 2>&1 | tail -n 6 | tee "$OUT/sanitizer.log"
 for bench in ${FASTOPS_BENCHES:-benchmarks/bench_*.py}; do
   name=$(basename "$bench" .py)
