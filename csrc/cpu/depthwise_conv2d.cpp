@@ -726,6 +726,36 @@ inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int6
   static_for<NK>([&](auto j) { acc[j] = a[j]; });
 }
 
+// The same sums for column dilation 1 and column stride S, four output columns at a time: input
+// vector u = j*S + k feeds tap k of column j, so 3*S + NK loads serve 4*NK FMAs. Each acc[k] still
+// adds its terms in increasing output column, so the result is bitwise that of wgrad_interior.
+template <typename T, int NK, int S, typename Load>
+inline void wgrad_interior_reuse(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t C, const Load& load) {
+  constexpr int P = 4;
+  constexpr int U = S * (P - 1) + NK;
+  AVec<T> a[NK];
+  static_for<NK>([&](auto k) { a[k] = acc[k]; });
+  int64_t o = 0;
+  for (; o + P <= n; o += P) {
+    AVec<T> gv[P];
+    static_for<P>([&](auto j) { gv[j] = load(g + (o + j) * C); });
+    const T* xo = x + o * S * C;
+    static_for<U>([&](auto u) {
+      const AVec<T> xv = load(xo + u * C);
+      static_for<P>([&](auto j) {
+        constexpr int k = decltype(u)::value - decltype(j)::value * S;
+        if constexpr (k >= 0 && k < NK) a[k] = at::vec::fmadd(gv[j], xv, a[k]);
+      });
+    });
+  }
+  for (; o < n; ++o) {
+    const AVec<T> gv = load(g + o * C);
+    const T* xo = x + o * S * C;
+    static_for<NK>([&](auto k) { a[k] = at::vec::fmadd(gv, load(xo + k * C), a[k]); });
+  }
+  static_for<NK>([&](auto k) { acc[k] = a[k]; });
+}
+
 template <typename T>
 void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor& ws, const DepthwiseGeometry& g,
                           int64_t rows_per_item) {
@@ -775,23 +805,39 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
               // Interior: every kw of the group in bounds; fixed trip counts for 3, 5 and 7 taps.
               const T* xs = xrow + (ow * g.sw + k0 * g.dw - g.pl) * g.C;
               const int64_t xstep = g.sw * g.C, tstep = g.dw * g.C;
-              switch (nk) {
-                case 3:
-                  wgrad_interior<T, 3>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
-                  break;
-                case 5:
-                  wgrad_interior<T, 5>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
-                  break;
-                case 7:
-                  wgrad_interior<T, 7>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
-                  break;
-                default:
-                  for (int64_t o = 0; o < ow_hi - ow; ++o) {
-                    const V gv = load(grow + (ow + o) * g.C);
-                    for (int64_t j = 0; j < nk; ++j)
-                      acc[j] = at::vec::fmadd(gv, load(xs + o * xstep + j * tstep), acc[j]);
-                  }
-              }
+              const int64_t ni = ow_hi - ow;
+              const T* gi = grow + ow * g.C;
+              const bool reuse = g.dw == 1 && (g.sw == 1 || g.sw == 2) && (nk == 3 || nk == 5 || nk == 7);
+              if (reuse) {
+                const bool s1 = g.sw == 1;
+                if (nk == 3) {
+                  s1 ? wgrad_interior_reuse<T, 3, 1>(acc, gi, xs, ni, g.C, load)
+                     : wgrad_interior_reuse<T, 3, 2>(acc, gi, xs, ni, g.C, load);
+                } else if (nk == 5) {
+                  s1 ? wgrad_interior_reuse<T, 5, 1>(acc, gi, xs, ni, g.C, load)
+                     : wgrad_interior_reuse<T, 5, 2>(acc, gi, xs, ni, g.C, load);
+                } else {
+                  s1 ? wgrad_interior_reuse<T, 7, 1>(acc, gi, xs, ni, g.C, load)
+                     : wgrad_interior_reuse<T, 7, 2>(acc, gi, xs, ni, g.C, load);
+                }
+              } else
+                switch (nk) {
+                  case 3:
+                    wgrad_interior<T, 3>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                    break;
+                  case 5:
+                    wgrad_interior<T, 5>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                    break;
+                  case 7:
+                    wgrad_interior<T, 7>(acc, grow + ow * g.C, xs, ow_hi - ow, g.C, xstep, tstep, load);
+                    break;
+                  default:
+                    for (int64_t o = 0; o < ow_hi - ow; ++o) {
+                      const V gv = load(grow + (ow + o) * g.C);
+                      for (int64_t j = 0; j < nk; ++j)
+                        acc[j] = at::vec::fmadd(gv, load(xs + o * xstep + j * tstep), acc[j]);
+                    }
+                }
               for (ow = ow_hi; ow < g.OW; ++ow) border(ow);
             }
             for (int64_t j = 0; j < nk; ++j) acc[j].store(out + (kh * g.KW + k0 + j) * Cp + c);
