@@ -38,6 +38,7 @@ bench: install
 	$(PY) -m benchmarks.bench_clipped_log
 	$(PY) -m benchmarks.bench_gelu
 	$(PY) -m benchmarks.bench_adam
+	$(PY) -m benchmarks.bench_depthwise
 	$(PY) -m benchmarks.bench_train
 
 demo: install

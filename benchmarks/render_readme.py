@@ -3,7 +3,8 @@
 For each result file it keeps, per (case, direction, dtype), the largest size measured and shows
 fastops' median time, its speedup over every other provider in that row group and its share of the
 copy roofline. A file with more than MAX_ROWS such groups (e.g. one row per layer shape) is folded
-into one row per (direction, dtype) with the geometric-mean speedup over all its cases.
+into one row per (variant, direction, dtype) with the geometric-mean speedup over all its cases; the
+variant is the last word of a case name that has several ("mbv2.c32.112.k3 channels_last").
 
     python -m benchmarks.render_readme
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
-MAX_ROWS = 16
+MAX_ROWS = 30
 _SCALE = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -87,30 +88,31 @@ def summarize(path: Path) -> str:
 def _folded_table(
     groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]], providers: list[str]
 ) -> list[str]:
-    """One row per (direction, dtype): geometric-mean speedup of fastops over each provider across
-    every (case, size) measured, and the median share of the roofline."""
-    folded: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for (_case, direction, dtype), by_size in groups.items():
+    """One row per (variant, direction, dtype): geometric-mean speedup of fastops over each provider
+    across every (case, size) measured, and the median share of the roofline."""
+    folded: dict[tuple[str, str, str], dict[str, list[float]]] = {}
+    for (case, direction, dtype), by_size in groups.items():
+        variant = case.split()[-1] if len(case.split()) > 1 else ""
         for group in by_size.values():
             ours = group.get("fastops")
             if ours is None:
                 continue
-            acc = folded.setdefault((direction, dtype), {})
+            acc = folded.setdefault((variant, direction, dtype), {})
             acc.setdefault("roofline", []).append(float(ours["roofline_pct"]))
             for p in providers:
                 if p in group:
                     acc.setdefault(p, []).append(float(group[p]["median_ms"]) / float(ours["median_ms"]))
     out = [
-        "| dir | dtype | cases | median % roofline | "
+        "| variant | dir | dtype | cases | median % roofline | "
         + " | ".join(f"vs {p} (geomean)" for p in providers)
         + " |",
-        "|---|---|---|---|" + "---|" * len(providers),
+        "|---|---|---|---|---|" + "---|" * len(providers),
     ]
-    for (direction, dtype), acc in folded.items():
+    for (variant, direction, dtype), acc in sorted(folded.items()):
         roof = sorted(acc["roofline"])
         cells = [f"{_geomean(acc[p]):.2f}x" if p in acc else "" for p in providers]
         out.append(
-            f"| {direction} | {dtype} | {len(roof)} | {roof[len(roof) // 2]:.0f}% | "
+            f"| {variant} | {direction} | {dtype} | {len(roof)} | {roof[len(roof) // 2]:.0f}% | "
             + " | ".join(cells)
             + " |"
         )
@@ -118,7 +120,9 @@ def _folded_table(
 
 
 def main() -> None:
-    sections = [s for s in (summarize(p) for p in sorted(RESULTS.glob("*.csv"))) if s]
+    # Repeat runs (<stem>_run2, ...) stay in results/ for the record; the README shows the first.
+    files = [p for p in sorted(RESULTS.glob("*.csv")) if not re.search(r"_run\d+$", p.stem)]
+    sections = [s for s in (summarize(p) for p in files) if s]
     text = README.read_text()
     if START not in text or END not in text:
         raise SystemExit(f"README.md lacks the {START} / {END} markers")
