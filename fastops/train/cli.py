@@ -263,10 +263,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     + f", {summary['samples_per_s'] or 0:.1f} samples/s; results in {cfg.out_dir}"
                 )
     except ConfigError as e:
+        distributed.teardown(clean_exit=False)
         parser.error(str(e))
     except NonFiniteLossError as e:
+        distributed.teardown()  # every rank sees the same all-reduced loss, so all stop here
         print(str(e), file=sys.stderr)
         return 1
-    finally:
-        distributed.teardown()
+    except BaseException:
+        distributed.teardown(clean_exit=False)
+        raise
+    distributed.teardown()
     return 0

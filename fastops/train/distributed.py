@@ -50,8 +50,14 @@ def setup(device: torch.device, timeout_s: float = 300.0) -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
 
 
-def teardown() -> None:
+def teardown(*, clean_exit: bool = True) -> None:
+    """Leave the process group. On a clean exit every rank first meets at a barrier: rank 0 hosts
+    the rendezvous store, and a rank still tearing down gloo when rank 0 has already exited dies
+    with "terminate called without an active exception" (seen in CI). After an error the barrier
+    is skipped, since the other ranks may never arrive."""
     if dist.is_available() and dist.is_initialized():
+        if clean_exit:
+            dist.barrier()
         dist.destroy_process_group()
 
 
