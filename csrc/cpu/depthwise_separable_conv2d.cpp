@@ -9,7 +9,7 @@
 // of all C channels is computed with the depthwise op's own NHWC row kernels (NhwcForwardRow:
 // register-blocked along the row, fp32 accumulators, rounded to the input dtype exactly as the
 // unfused depthwise op would store it), then multiplied by the pointwise weight with a register-
-// blocked micro-GEMM (4 pixels x up to 3 vectors of output channels, broadcast-FMA over c; weight
+// blocked micro-GEMM (8 pixels x up to 3 vectors of output channels, broadcast-FMA over c; weight
 // pre-transposed to (C, Cout_p) in fp32/fp64) into a P x Cout tile that is written once to y.
 // The depthwise intermediate z never goes to memory.
 //
@@ -59,21 +59,35 @@ inline void pw_block(A* out, const A* tile, const A* wt, int64_t C, int64_t Cout
   static_for<PB>([&](auto p) { static_for<VB>([&](auto v) { acc[p][v].store(out + p * Coutp + co + v * L); }); });
 }
 
-template <typename A, int PB>
-inline void pw_pixels(A* out, const A* tile, const A* wt, int64_t C, int64_t Coutp, const A* init) {
-  constexpr int64_t L = at::vec::Vectorized<A>::size();
-  int64_t co = 0;
-  for (; co + 3 * L <= Coutp; co += 3 * L) pw_block<A, PB, 3>(out, tile, wt, C, Coutp, co, init);
-  if (Coutp - co == 2 * L) pw_block<A, PB, 2>(out, tile, wt, C, Coutp, co, init);
-  if (Coutp - co == L) pw_block<A, PB, 1>(out, tile, wt, C, Coutp, co, init);
+// Pixels per register block for VB output-channel vectors: as many as the vector registers hold
+// next to the VB weight vectors and a broadcast (32 registers with AVX512, 16 otherwise), at most 8.
+template <typename A, int VB>
+constexpr int pixels_per_block() {
+  constexpr int regs = sizeof(at::vec::Vectorized<A>) >= 64 ? 32 : 16;
+  return std::min(8, (regs - VB - 2) / VB);
 }
 
-// out (np x Coutp) = init + tile (np x C) @ wt (C x Coutp).
+// out (np x Coutp) = init + tile (np x C) @ wt (C x Coutp), for one chunk of VB vectors of output
+// channels at co: register blocks of PB pixels, then 4, then 1 for the rest.
+template <typename A, int VB>
+inline void pw_chunk(A* out, const A* tile, int64_t np, const A* wt, int64_t C, int64_t Coutp, int64_t co,
+                     const A* init) {
+  constexpr int PB = pixels_per_block<A, VB>();
+  int64_t p = 0;
+  for (; p + PB <= np; p += PB) pw_block<A, PB, VB>(out + p * Coutp, tile + p * C, wt, C, Coutp, co, init);
+  if constexpr (PB > 4) {
+    for (; p + 4 <= np; p += 4) pw_block<A, 4, VB>(out + p * Coutp, tile + p * C, wt, C, Coutp, co, init);
+  }
+  for (; p < np; ++p) pw_block<A, 1, VB>(out + p * Coutp, tile + p * C, wt, C, Coutp, co, init);
+}
+
 template <typename A>
 void pointwise_tile(A* out, const A* tile, int64_t np, const A* wt, int64_t C, int64_t Coutp, const A* init) {
-  int64_t p = 0;
-  for (; p + 4 <= np; p += 4) pw_pixels<A, 4>(out + p * Coutp, tile + p * C, wt, C, Coutp, init);
-  for (; p < np; ++p) pw_pixels<A, 1>(out + p * Coutp, tile + p * C, wt, C, Coutp, init);
+  constexpr int64_t L = at::vec::Vectorized<A>::size();
+  int64_t co = 0;
+  for (; co + 3 * L <= Coutp; co += 3 * L) pw_chunk<A, 3>(out, tile, np, wt, C, Coutp, co, init);
+  if (Coutp - co == 2 * L) pw_chunk<A, 2>(out, tile, np, wt, C, Coutp, co, init);
+  if (Coutp - co == L) pw_chunk<A, 1>(out, tile, np, wt, C, Coutp, co, init);
 }
 
 void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::optional<at::Tensor>& dw_bias,
@@ -107,8 +121,9 @@ void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, 
              const at::Tensor& pwb, at::Tensor& y, const DepthwiseGeometry& g, int64_t Cout) {
   using A = acc_t<T>;
   const int64_t C = g.C, Coutp = pwt.size(1);
-  // Tile: P output pixels of one row, P * C depthwise values (~64 KiB of fp32).
-  const int64_t P = std::min(g.OW, std::clamp<int64_t>(16384 / std::max<int64_t>(C, 1), 8, 128));
+  // Tile: P output pixels of one row (a multiple of 8 where the row allows), P * C depthwise values
+  // (<= 64 KiB of fp32, so the tile is still in L2 when the 1x1 reads it).
+  const int64_t P = std::min(g.OW, std::clamp<int64_t>(16384 / std::max<int64_t>(C, 1) / 8 * 8, 8, 128));
   const int64_t tiles_per_row = div_up(g.OW, P);
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
