@@ -64,7 +64,7 @@ inline void pw_block(A* out, const A* tile, const A* wt, int64_t C, int64_t Cout
 template <typename A, int VB>
 constexpr int pixels_per_block() {
   constexpr int regs = sizeof(at::vec::Vectorized<A>) >= 64 ? 32 : 16;
-  return std::min(8, (regs - VB - 2) / VB);
+  return std::max(1, std::min(8, (regs - VB - 2) / VB));
 }
 
 // out (np x Coutp) = init + tile (np x C) @ wt (C x Coutp), for one chunk of VB vectors of output
@@ -84,10 +84,26 @@ inline void pw_chunk(A* out, const A* tile, int64_t np, const A* wt, int64_t C, 
 template <typename A>
 void pointwise_tile(A* out, const A* tile, int64_t np, const A* wt, int64_t C, int64_t Coutp, const A* init) {
   constexpr int64_t L = at::vec::Vectorized<A>::size();
+  // Chunks of 3 vectors while more than 4 remain, then one chunk of the last 1..4 (so a lone
+  // 1-vector chunk, which is broadcast-bound, only happens when Cout fits in one vector).
   int64_t co = 0;
-  for (; co + 3 * L <= Coutp; co += 3 * L) pw_chunk<A, 3>(out, tile, np, wt, C, Coutp, co, init);
-  if (Coutp - co == 2 * L) pw_chunk<A, 2>(out, tile, np, wt, C, Coutp, co, init);
-  if (Coutp - co == L) pw_chunk<A, 1>(out, tile, np, wt, C, Coutp, co, init);
+  for (; Coutp - co > 4 * L; co += 3 * L) pw_chunk<A, 3>(out, tile, np, wt, C, Coutp, co, init);
+  switch ((Coutp - co) / L) {
+    case 4:
+      pw_chunk<A, 4>(out, tile, np, wt, C, Coutp, co, init);
+      break;
+    case 3:
+      pw_chunk<A, 3>(out, tile, np, wt, C, Coutp, co, init);
+      break;
+    case 2:
+      pw_chunk<A, 2>(out, tile, np, wt, C, Coutp, co, init);
+      break;
+    case 1:
+      pw_chunk<A, 1>(out, tile, np, wt, C, Coutp, co, init);
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(co == Coutp);
+  }
 }
 
 void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::optional<at::Tensor>& dw_bias,
