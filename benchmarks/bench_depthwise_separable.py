@@ -99,7 +99,11 @@ def main() -> None:
         pad = k // 2
         oh = (h + 2 * pad - k) // stride + 1
         item = 4
-        x_bytes, y_bytes, z_bytes = batch * c * h * h * item, batch * cout * oh * oh * item, batch * c * oh * oh * item
+        x_bytes, y_bytes, z_bytes = (
+            batch * c * h * h * item,
+            batch * cout * oh * oh * item,
+            batch * c * oh * oh * item,
+        )
         flops = 2 * batch * oh * oh * c * (k * k + cout)
         nbytes = {"fwd": x_bytes + y_bytes, "full": 3 * (x_bytes + y_bytes)}
         pass_flops = {"fwd": flops, "full": 3 * flops}
@@ -112,13 +116,19 @@ def main() -> None:
             torch.randn(cout, dtype=dtype),
         ]
 
-        def fused(x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+        def fused(
+            x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor
+        ) -> torch.Tensor:
             return fastops.depthwise_separable_conv2d(x, dw, db, pw, pb, stride, pad)  # noqa: B023
 
-        def unfused(x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+        def unfused(
+            x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor
+        ) -> torch.Tensor:
             return F.conv2d(fastops.depthwise_conv2d(x, dw, db, stride, pad), pw, pb)  # noqa: B023
 
-        def eager(x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor) -> torch.Tensor:
+        def eager(
+            x: torch.Tensor, dw: torch.Tensor, db: torch.Tensor, pw: torch.Tensor, pb: torch.Tensor
+        ) -> torch.Tensor:
             return F.conv2d(F.conv2d(x, dw, db, stride, pad, 1, c), pw, pb)  # noqa: B023
 
         fns: dict[str, Callable] = {"fused": fused, "unfused": unfused, "eager": eager}
@@ -131,10 +141,10 @@ def main() -> None:
             torch.testing.assert_close(fn(x, *params), ref, rtol=1e-4, atol=1e-4)  # same math, every provider
             for p in PASSES:
                 if p == "fwd":
-                    call = lambda fn=fn: fn(x, *params)  # noqa: E731
+                    call = lambda fn=fn, x=x, params=params: fn(x, *params)  # noqa: E731
                     mode = torch.no_grad()
                 else:
-                    call = lambda fn=fn: torch.autograd.grad(fn(*leaves), leaves, g)  # noqa: E731
+                    call = lambda fn=fn, leaves=leaves, g=g: torch.autograd.grad(fn(*leaves), leaves, g)  # noqa: E731
                     mode = torch.enable_grad()
                 with mode:
                     r = common.measure(

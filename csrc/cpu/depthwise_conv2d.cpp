@@ -589,7 +589,6 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 
 // ---- entry points ----------------------------------------------------------------------------------
 
-
 at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   check_depthwise_inputs(x_in, weight, bias);

@@ -4,9 +4,9 @@
 // Layout: NHWC. A channels_last x is read in place; any other x is converted to channels_last first
 // (one extra copy). The output is always channels_last.
 //
-// Strategy: the N*OH output rows are cut into tiles of P consecutive output pixels (P ~ 16K / C, so
-// the P x C depthwise tile stays in L1/L2); one task per run of tiles. Per tile the depthwise output
-// of all C channels is computed with the depthwise op's own NHWC row kernels (NhwcForwardRow:
+// Strategy: the N*OH*OW output pixels (in NHWC order) are cut into tiles of P consecutive pixels
+// (P ~ 16K / C, a multiple of 8, so the P x C depthwise tile stays in L1/L2); tasks are runs of tiles. Per tile the
+// depthwise output of all C channels is computed with the depthwise op's own NHWC row kernels (NhwcForwardRow:
 // register-blocked along the row, fp32 accumulators, rounded to the input dtype exactly as the
 // unfused depthwise op would store it), then multiplied by the pointwise weight with a register-
 // blocked micro-GEMM (8 pixels x up to 3 vectors of output channels, broadcast-FMA over c; weight
@@ -125,8 +125,8 @@ void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::o
     if (!b.has_value() || !b->defined()) return;
     check_same_device(kOp, arg, *b, "x", x);
     check_same_dtype(kOp, arg, *b, "x", x);
-    TORCH_CHECK(b->dim() == 1 && b->size(0) == n, "fastops.depthwise_separable_conv2d: expected ", arg,
-                " of shape (", str(n), ",), got ", str(b->sizes()));
+    TORCH_CHECK(b->dim() == 1 && b->size(0) == n, "fastops.depthwise_separable_conv2d: expected ", arg, " of shape (",
+                str(n), ",), got ", str(b->sizes()));
   };
   check_bias("dw_bias", dw_bias, C);
   check_bias("pw_bias", pw_bias, Cout);
@@ -137,10 +137,12 @@ void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, 
              const at::Tensor& pwb, at::Tensor& y, const DepthwiseGeometry& g, int64_t Cout) {
   using A = acc_t<T>;
   const int64_t C = g.C, Coutp = pwt.size(1);
-  // Tile: P output pixels of one row (a multiple of 8 where the row allows), P * C depthwise values
+  // Tile: P consecutive output pixels in (n, oh, ow) order (a multiple of 8, spanning rows where they
+  // are short, so 7x7 and 14x14 maps still feed the 1x1 full register blocks), P * C depthwise values
   // (<= 64 KiB of fp32, so the tile is still in L2 when the 1x1 reads it).
-  const int64_t P = std::min(g.OW, std::clamp<int64_t>(16384 / std::max<int64_t>(C, 1) / 8 * 8, 8, 128));
-  const int64_t tiles_per_row = div_up(g.OW, P);
+  const int64_t total = g.N * g.OH * g.OW;
+  const int64_t P = std::min(total, std::clamp<int64_t>(16384 / std::max<int64_t>(C, 1) / 8 * 8, 8, 128));
+  const int64_t tiles = div_up(total, P);
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const A* dwp = dwt.const_data_ptr<A>();
@@ -148,16 +150,19 @@ void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, 
   const A* pwp = pwt.const_data_ptr<A>();
   const A* pbp = pwb.defined() ? pwb.const_data_ptr<A>() : nullptr;
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, P * (C + Cout)));
-  at::parallel_for(0, g.N * g.OH * tiles_per_row, grain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tiles, grain, [&](int64_t begin, int64_t end) {
     NhwcForwardRow<T> row(g, dwp, dwt.size(1), dbp);
     std::vector<T> z(P * C);  // the depthwise tile, in the input dtype (as the unfused op stores it)
     std::vector<A> za(std::is_same_v<T, A> ? 0 : P * C);
     std::vector<A> out(P * Coutp);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / tiles_per_row, ow0 = (task % tiles_per_row) * P;
-      const int64_t ow1 = std::min(g.OW, ow0 + P), np = ow1 - ow0;
-      const int64_t n = r / g.OH, oh = r % g.OH;
-      row.run(z.data(), xp + n * g.H * g.W * C, oh, ow0, ow1);
+      const int64_t q0 = task * P, q1 = std::min(total, q0 + P), np = q1 - q0;
+      // The tile's pixels, one output-row segment at a time.
+      for (int64_t q = q0; q < q1;) {
+        const int64_t r = q / g.OW, ow = q % g.OW, seg = std::min(q1 - q, g.OW - ow);
+        row.run(z.data() + (q - q0) * C, xp + (r / g.OH) * g.H * g.W * C, r % g.OH, ow, ow + seg);
+        q += seg;
+      }
       const A* tile;
       if constexpr (std::is_same_v<T, A>) {
         tile = z.data();
@@ -166,7 +171,7 @@ void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, 
         tile = za.data();
       }
       pointwise_tile<A>(out.data(), tile, np, pwp, C, Coutp, pbp);
-      T* yt = yp + (r * g.OW + ow0) * Cout;
+      T* yt = yp + q0 * Cout;
       for (int64_t p = 0; p < np; ++p) store_row<T, A>(yt + p * Cout, out.data() + p * Coutp, Cout);
     }
   });
@@ -209,11 +214,11 @@ at::Tensor depthwise_separable_conv2d_autocast(const at::Tensor& x, const at::Te
       device_type == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
   c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
   const at::ScalarType dtype = at::autocast::get_autocast_dtype(device_type);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::depthwise_separable_conv2d", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
-                                         at::IntArrayRef, at::IntArrayRef)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fastops::depthwise_separable_conv2d", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
   auto cast = [&](const std::optional<at::Tensor>& t) { return at::autocast::cached_cast(dtype, t, device_type); };
   return op.call(at::autocast::cached_cast(dtype, x, device_type),
                  at::autocast::cached_cast(dtype, dw_weight, device_type), cast(dw_bias),

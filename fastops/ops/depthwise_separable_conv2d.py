@@ -66,7 +66,12 @@ def depthwise_separable_conv2d(
     for arg, t, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
         if t is not None and (t.dim() != 1 or t.shape[0] != n):
             raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(t.shape)}")
-    for arg, t in (("dw_weight", dw_weight), ("dw_bias", dw_bias), ("pw_weight", pw_weight), ("pw_bias", pw_bias)):
+    for arg, t in (
+        ("dw_weight", dw_weight),
+        ("dw_bias", dw_bias),
+        ("pw_weight", pw_weight),
+        ("pw_bias", pw_bias),
+    ):
         if t is not None and t.device != x.device:
             raise RuntimeError(
                 f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
@@ -85,7 +90,9 @@ def depthwise_separable_conv2d(
 
 
 @torch.library.register_fake("fastops::depthwise_separable_conv2d")
-def _fake(x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation) -> Tensor:  # noqa: ANN001
+def _fake(
+    x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation
+) -> Tensor:  # noqa: ANN001
     check_floating(_OP, "x", x)
     torch._check(
         dw_weight.dtype == x.dtype and pw_weight.dtype == x.dtype,
@@ -137,13 +144,20 @@ def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
             )
         if need_dw or need_db:
             grad_dw, grad_db = torch.ops.fastops.depthwise_conv2d_backward_weight.default(
-                gz, x.contiguous(memory_format=torch.channels_last), list(dw_weight.shape[2:]), stride, padding, dilation
+                gz,
+                x.contiguous(memory_format=torch.channels_last),
+                list(dw_weight.shape[2:]),
+                stride,
+                padding,
+                dilation,
             )
             if not ctx.has_dw_bias:
                 grad_db = None
     return grad_x, grad_dw, grad_db, grad_pw, grad_pb, None, None, None
 
 
-torch.library.register_autograd("fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context)
+torch.library.register_autograd(
+    "fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context
+)
 # Autocast (conv2d's policy: run in the autocast dtype) is registered in C++
 # (csrc/cpu/depthwise_separable_conv2d.cpp).

@@ -12,6 +12,7 @@ from tests.helpers import assert_close_to_reference
 
 # (N, C, Cout, H, W, k, stride, dilation, padding)
 CASES = [
+    (1, 24, 64, 8, 9, 3, 1, 1, 1),  # fp32: 4 vectors of output channels in one register chunk
     (2, 16, 24, 12, 11, 3, 1, 1, 1),
     (1, 17, 9, 13, 13, 3, 2, 1, 1),  # odd C / Cout, batch 1
     (2, 32, 16, 14, 14, 5, 1, 1, 2),
@@ -67,11 +68,25 @@ def _check(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bo
     eager_y, eager_grads = None, [None] * len(grads)
     if dtype == torch.bfloat16:
         eager_y, eager_grads, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs, args, g)
-    names = [n for n, t in zip(("grad_x", "grad_dw", "grad_db", "grad_pw", "grad_pb"), inputs, strict=True) if t is not None]
-    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
-    for name, ours, ref, eager in zip(["output", *names], [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True):
+    names = [
+        n
+        for n, t in zip(("grad_x", "grad_dw", "grad_db", "grad_pw", "grad_pb"), inputs, strict=True)
+        if t is not None
+    ]
+    # fp32: the 1x1 weight gradient sums N*OH*OW products (2600 in the largest case); allow for it.
+    tol_out = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
+    tol_grad = {"rtol": 1e-4, "atol": 5e-4} if dtype == torch.float32 else {}
+    for name, ours, ref, eager in zip(
+        ["output", *names], [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True
+    ):
         try:
-            assert_close_to_reference(ours, ref, eager=eager, factor=2.0 if name == "output" else 3.0, **tol)
+            assert_close_to_reference(
+                ours,
+                ref,
+                eager=eager,
+                factor=2.0 if name == "output" else 3.0,
+                **(tol_out if name == "output" else tol_grad),
+            )
         except AssertionError as e:
             raise AssertionError(f"{name}: {e}") from None
 
@@ -113,7 +128,11 @@ def test_gradcheck() -> None:
 
 def test_opcheck() -> None:
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(2, 5, 9, 8, dtype=dtype).contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        x = (
+            torch.randn(2, 5, 9, 8, dtype=dtype)
+            .contiguous(memory_format=torch.channels_last)
+            .requires_grad_(True)
+        )
         dw = torch.randn(5, 1, 3, 3, dtype=dtype, requires_grad=True)
         db = torch.randn(5, dtype=dtype, requires_grad=True)
         pw = torch.randn(7, 5, 1, 1, dtype=dtype, requires_grad=True)
@@ -141,7 +160,9 @@ def test_torch_compile_fullgraph() -> None:
 
 
 def test_autocast_runs_in_autocast_dtype() -> None:
-    x, dw, db, pw, pb = (t.float().requires_grad_(True) for t in _inputs((2, 8, 12, 10, 10, 3, 1, 1, 1), torch.float64))
+    x, dw, db, pw, pb = (
+        t.float().requires_grad_(True) for t in _inputs((2, 8, 12, 10, 10, 3, 1, 1, 1), torch.float64)
+    )
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
         y = fastops.depthwise_separable_conv2d(x, dw, db, pw, pb, 1, 1)
         ref = F.conv2d(F.conv2d(x, dw, db, 1, 1, 1, 8), pw, pb)
@@ -152,7 +173,7 @@ def test_autocast_runs_in_autocast_dtype() -> None:
 
 
 def test_clear_errors() -> None:
-    x, dw, db, pw, pb = _inputs(CASES[0], torch.float32)
+    x, dw, db, pw, pb = _inputs(CASES[1], torch.float32)  # C=16, Cout=24
     f = fastops.depthwise_separable_conv2d
     with pytest.raises(ValueError, match=r"depthwise_separable_conv2d: expected x to be 4-D"):
         f(x[0], dw, db, pw, pb)
@@ -169,11 +190,54 @@ def test_clear_errors() -> None:
     with pytest.raises(ValueError, match=r"padding='same' is not supported for strided"):
         f(x, dw, db, pw, pb, 2, "same")
     op = torch.ops.fastops.depthwise_separable_conv2d
-    with pytest.raises(RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight of shape \(Cout, 16, 1, 1\)"):
+    with pytest.raises(
+        RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight of shape \(Cout, 16, 1, 1\)"
+    ):
         op(x, dw, db, pw[:, :4], pb, [1, 1], [1, 1, 1, 1], [1, 1])
-    with pytest.raises(RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight to have the dtype"):
+    with pytest.raises(
+        RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight to have the dtype"
+    ):
         op(x, dw, db, pw.double(), pb, [1, 1], [1, 1, 1, 1], [1, 1])
     with pytest.raises(RuntimeError, match=r"depthwise_separable_conv2d: expected pw_bias of shape \(24,\)"):
         op(x, dw, db, pw, pb[:3], [1, 1], [1, 1, 1, 1], [1, 1])
     with pytest.raises(RuntimeError, match=r"is smaller than the dilated kernel"):
         op(x, dw, db, pw, pb, [1, 1], [0, 0, 0, 0], [7, 7])
+
+
+def test_module_runs_fused_for_channels_last_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastops.nn.depthwise_conv2d as mod
+
+    calls = []
+    fused = mod.depthwise_separable_conv2d
+    monkeypatch.setattr(mod, "depthwise_separable_conv2d", lambda *a: calls.append(1) or fused(*a))
+    seq = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), torch.nn.Conv2d(16, 24, 1)
+    )
+    ours = fastops.nn.DepthwiseSeparableConv2d.from_torch(seq)
+    fresh = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, stride=2, padding=1)
+    assert fresh.state_dict().keys() == ours.state_dict().keys()  # keys unchanged by the fused path
+    fresh.load_state_dict(seq.state_dict())
+    x = torch.randn(2, 16, 11, 10).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = seq(x)
+        for m in (ours, fresh):
+            y = m(x)
+            torch.testing.assert_close(y, want)
+            assert y.is_contiguous(memory_format=torch.channels_last)
+        assert len(calls) == 2
+        ours(x.contiguous())  # NCHW: the unfused pair
+        handle = ours.pointwise.register_forward_hook(lambda *a: None)
+        ours(x)  # a hook on the 1x1 must still run: unfused
+        handle.remove()
+        assert len(calls) == 2
+        ours(x)
+        assert len(calls) == 3
+    # Recording autograd: the unfused pair (the fused backward's recompute is slower), same results.
+    xg = x.clone().requires_grad_(True)
+    y, y_ref = ours(xg), seq(xg)
+    assert len(calls) == 3
+    torch.testing.assert_close(y, y_ref)
+    got = torch.autograd.grad(y.square().sum(), [xg, *ours.parameters()])
+    want_g = torch.autograd.grad(y_ref.square().sum(), [xg, *seq.parameters()])
+    for a, b in zip(got, want_g, strict=True):
+        torch.testing.assert_close(a, b)

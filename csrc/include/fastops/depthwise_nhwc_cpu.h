@@ -247,7 +247,14 @@ class NhwcForwardRow {
  public:
   using A = acc_t<T>;
   NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64_t Cp, const A* bias)
-      : g_(g), wp_(wt), bp_(bias), Cp_(Cp), off_(g.taps()), tap_(g.taps()), src_(g.taps()), row_ptr_(g.KH),
+      : g_(g),
+        wp_(wt),
+        bp_(bias),
+        Cp_(Cp),
+        off_(g.taps()),
+        tap_(g.taps()),
+        src_(g.taps()),
+        row_ptr_(g.KH),
         wrow_ptr_(g.KH) {
     // Interior columns: every kw in bounds, ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw <= W - 1.
     ow_lo_ = std::min(g.OW, div_up(g.pl, g.sw));
