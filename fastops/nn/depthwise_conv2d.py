@@ -106,12 +106,13 @@ class DepthwiseSeparableConv2d(nn.Module):
     (keys ``0.*`` / ``1.*``) loads as well.
 
     Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
-    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory, 1.2-1.7x
-    faster than the pair on MobileNetV2 shapes (benchmarks/results/depthwise_separable_conv2d_cpu.md).
-    When autograd records, the pair runs instead: the fused op's backward must recompute the depthwise
-    output, which costs more than the forward saved (fused forward+backward measured 3-12% slower).
-    Any other input (NCHW; CUDA, which has no fused kernel) runs the fastops depthwise kernel then the
-    1x1 through ATen (a GEMM on channels_last data): feed channels_last input for the fast path.
+    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory; measured
+    1.16-1.69x (geomean 1.41x) faster than the pair on MobileNetV2 shapes, fp32, one thread
+    (benchmarks/results/depthwise_separable_conv2d_cpu.md). When autograd records, the pair runs: the
+    fused op's backward recomputes the depthwise output, and forward+backward measured no faster
+    (0.90-1.08x, geomean 0.99x). Any other input (NCHW; CUDA, which has no fused kernel) runs the
+    fastops depthwise kernel then the 1x1 through ATen (a GEMM on channels_last data): feed
+    channels_last input for the fast path.
     """
 
     def __init__(

@@ -46,11 +46,11 @@ def depthwise_separable_conv2d(
 
     Equals ``fastops.reference.depthwise_separable_conv2d``.
     """
-    for arg, t in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
-        check_tensor(_OP, arg, t)
-    for arg, t in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
-        if t is not None:
-            check_tensor(_OP, arg, t)
+    for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
+        check_tensor(_OP, arg, value)
+    for arg, opt in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
+        if opt is not None:
+            check_tensor(_OP, arg, opt)
     if x.dim() != 4:
         raise ValueError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
     c = x.shape[1]
@@ -63,9 +63,10 @@ def depthwise_separable_conv2d(
         raise ValueError(
             f"fastops.{_OP}: expected pw_weight of shape (Cout, {c}, 1, 1), got {tuple(pw_weight.shape)}"
         )
-    for arg, t, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
-        if t is not None and (t.dim() != 1 or t.shape[0] != n):
-            raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(t.shape)}")
+    for arg, bias, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+            raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
+    t: Tensor | None
     for arg, t in (
         ("dw_weight", dw_weight),
         ("dw_bias", dw_bias),
