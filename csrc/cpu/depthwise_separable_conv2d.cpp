@@ -5,13 +5,14 @@
 // (one extra copy). The output is always channels_last.
 //
 // Strategy: the N*OH*OW output pixels (in NHWC order) are cut into tiles of P consecutive pixels
-// (P ~ 16K / C, a multiple of 8, so the P x C depthwise tile stays in L1/L2); tasks are runs of tiles. Per tile the
-// depthwise output of all C channels is computed with the depthwise op's own NHWC row kernels (NhwcForwardRow:
-// register-blocked along the row, fp32 accumulators, rounded to the input dtype exactly as the
-// unfused depthwise op would store it), then multiplied by the pointwise weight with a register-
-// blocked micro-GEMM (8 pixels x up to 3 vectors of output channels, broadcast-FMA over c; weight
-// pre-transposed to (C, Cout_p) in fp32/fp64) into a P x Cout tile that is written once to y.
-// The depthwise intermediate z never goes to memory.
+// (P ~ 16K / C, a multiple of 8, so the P x C depthwise tile stays in L1/L2); tasks are runs of
+// tiles. Per tile the depthwise output of all C channels is computed with the depthwise op's own
+// NHWC row kernels (NhwcForwardRow: register-blocked along the row, fp32 accumulators, rounded to
+// the input dtype exactly as the unfused depthwise op would store it), then multiplied by the
+// pointwise weight with a register-blocked micro-GEMM (up to 8 pixels x up to 4 vectors of output
+// channels, broadcast-FMA over c; weight pre-transposed to (C, Cout_p) in fp32/fp64) into a
+// P x Cout tile that is written once to y. The depthwise intermediate z never goes to memory.
+// There is no CUDA kernel (the Python face says so; the module runs the unfused pair on CUDA).
 //
 // Bytes per call: reads x (N*H*W*C) and writes y (N*OH*OW*Cout); the unfused pair additionally
 // writes and reads z (2 * N*OH*OW*C * itemsize). FLOPs: 2*N*OH*OW*C*(kh*kw + Cout).
@@ -29,6 +30,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace fastops::cpu {
