@@ -71,4 +71,9 @@ TORCH_LIBRARY(fastops, m) {
   m.def(
       "depthwise_conv2d_backward_weight(Tensor grad_out, Tensor x, int[2] kernel_size, int[2] stride, "
       "int[4] padding, int[2] dilation) -> (Tensor, Tensor)");
+  // depthwise_separable_conv2d: depthwise (groups=C) then 1x1 conv, fused on the CPU (NHWC tiles,
+  // the depthwise output never stored); fastops/ops/depthwise_separable_conv2d.py
+  m.def(
+      "depthwise_separable_conv2d(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
+      "int[2] stride, int[4] padding, int[2] dilation) -> Tensor");
 }

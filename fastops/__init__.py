@@ -3,6 +3,7 @@
 Public API:
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
   depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
+  depthwise_separable_conv2d      depthwise conv + 1x1 conv fused on the CPU (channels_last tiles)
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
@@ -18,6 +19,7 @@ _extension.load()
 from fastops import nn, ops, optim, reference  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
+from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  # noqa: E402
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 from fastops.swap import swap_modules  # noqa: E402
 
@@ -28,6 +30,7 @@ __all__ = [
     "bias_gelu",
     "clipped_log",
     "depthwise_conv2d",
+    "depthwise_separable_conv2d",
     "gelu",
     "nn",
     "ops",

@@ -36,6 +36,7 @@
 #include <fastops/checks.h>
 #include <fastops/cpu_loops.h>
 #include <fastops/depthwise.h>
+#include <fastops/depthwise_nhwc_cpu.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -49,73 +50,6 @@ namespace fastops::cpu {
 namespace {
 
 constexpr const char* kOp = "depthwise_conv2d";
-
-int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
-
-// ---- vector load/store in the accumulation type ----------------------------------------------
-
-template <typename T>
-using acc_t = opmath_t<T>;
-
-// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
-// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
-template <int N, typename F>
-inline void static_for(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-  }(std::make_integer_sequence<int, N>{});
-}
-template <typename T>
-using AVec = at::vec::Vectorized<acc_t<T>>;
-
-template <typename T>
-inline AVec<T> load_acc(const T* p) {
-  if constexpr (is_reduced_float_v<T>) {
-    at::vec::Vectorized<float> v;
-    at::vec::load_to_float<T>(p, v);
-    return v;
-  } else {
-    return AVec<T>::loadu(p);
-  }
-}
-
-template <typename T>
-inline AVec<T> load_acc(const T* p, int64_t count) {
-  if constexpr (is_reduced_float_v<T>) {
-    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
-    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
-  } else {
-    return AVec<T>::loadu(p, count);
-  }
-}
-
-template <typename T>
-inline void store_acc(T* p, const AVec<T>& v, int64_t count) {
-  if constexpr (is_reduced_float_v<T>) {
-    constexpr int64_t n = at::vec::Vectorized<float>::size();
-    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
-  } else {
-    v.store(p, count);
-  }
-}
-
-// Converts n elements of T to A (the accumulation type), vectorized.
-template <typename T, typename A>
-inline void convert_row(A* dst, const T* src, int64_t n) {
-  using V = at::vec::Vectorized<A>;
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) load_acc<T>(src + i).store(dst + i);
-  for (; i < n; ++i) dst[i] = static_cast<A>(src[i]);
-}
-
-template <typename T, typename A>
-inline void store_row(T* dst, const A* src, int64_t n) {
-  using V = at::vec::Vectorized<A>;
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) store_acc<T>(dst + i, V::loadu(src + i), V::size());
-  for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-}
 
 // out[q] = init + sum_t w[t] * src[t][q] for q in [0, n); n is rounded up to whole vectors, so
 // out and every src[t] must hold round_up(n, 4 * V) elements (the phase planes carry that slack).
@@ -348,223 +282,22 @@ void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 }
 
 // ---- NHWC ------------------------------------------------------------------------------------------
+// The forward's building blocks live in fastops/depthwise_nhwc_cpu.h (shared with the fused
+// depthwise_separable_conv2d).
 
-// out[c] = init[c] + sum_t w[tap[t]][c] * base[off[t] + c] for c in [0, C); w is [taps][Cp] in A.
-template <typename T>
-inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const acc_t<T>* w,
-                       int64_t Cp, const acc_t<T>* init, int64_t C) {
-  using A = acc_t<T>;
-  using V = at::vec::Vectorized<A>;
-  constexpr int64_t L = V::size();
-  int64_t c = 0;
-  for (; c + 4 * L <= C; c += 4 * L) {
-    V a0(A(0)), a1(A(0)), a2(A(0)), a3(A(0));
-    if (init) {
-      a0 = V::loadu(init + c);
-      a1 = V::loadu(init + c + L);
-      a2 = V::loadu(init + c + 2 * L);
-      a3 = V::loadu(init + c + 3 * L);
-    }
-    for (int64_t t = 0; t < nt; ++t) {
-      const T* s = base + off[t] + c;
-      const A* wt = w + tap[t] * Cp + c;
-      a0 = at::vec::fmadd(load_acc<T>(s), V::loadu(wt), a0);
-      a1 = at::vec::fmadd(load_acc<T>(s + L), V::loadu(wt + L), a1);
-      a2 = at::vec::fmadd(load_acc<T>(s + 2 * L), V::loadu(wt + 2 * L), a2);
-      a3 = at::vec::fmadd(load_acc<T>(s + 3 * L), V::loadu(wt + 3 * L), a3);
-    }
-    store_acc<T>(out + c, a0, L);
-    store_acc<T>(out + c + L, a1, L);
-    store_acc<T>(out + c + 2 * L, a2, L);
-    store_acc<T>(out + c + 3 * L, a3, L);
-  }
-  for (; c < C; c += L) {
-    const int64_t cnt = std::min(L, C - c);
-    V a = init ? V::loadu(init + c) : V(A(0));  // init and w are padded to Cp
-    if (cnt == L) {
-      for (int64_t t = 0; t < nt; ++t)
-        a = at::vec::fmadd(load_acc<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
-    } else {
-      for (int64_t t = 0; t < nt; ++t) {
-        a = at::vec::fmadd(load_acc<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
-      }
-    }
-    store_acc<T>(out + c, a, cnt);
-  }
-}
-
-// Four neighbouring output pixels at once, all of whose taps are in bounds: out pixel j (at
-// out + j * out_step) = init + sum_t w[t] * src[t][j * src_step + c]. One channel vector per step,
-// so each weight vector is loaded once for four independent FMA chains.
-template <typename T>
-inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt, const acc_t<T>* w,
-                        int64_t Cp, const acc_t<T>* init, int64_t C) {
-  using A = acc_t<T>;
-  using V = at::vec::Vectorized<A>;
-  constexpr int64_t L = V::size();
-  for (int64_t c = 0; c < C; c += L) {
-    const int64_t cnt = std::min(L, C - c);
-    const V i0 = init ? V::loadu(init + c) : V(A(0));
-    V a0 = i0, a1 = i0, a2 = i0, a3 = i0;
-    if (cnt == L) {
-      for (int64_t t = 0; t < nt; ++t) {
-        const V wv = V::loadu(w + t * Cp + c);
-        const T* s = src[t] + c;
-        a0 = at::vec::fmadd(load_acc<T>(s), wv, a0);
-        a1 = at::vec::fmadd(load_acc<T>(s + src_step), wv, a1);
-        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step), wv, a2);
-        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step), wv, a3);
-      }
-    } else {
-      for (int64_t t = 0; t < nt; ++t) {
-        const V wv = V::loadu(w + t * Cp + c);
-        const T* s = src[t] + c;
-        a0 = at::vec::fmadd(load_acc<T>(s, cnt), wv, a0);
-        a1 = at::vec::fmadd(load_acc<T>(s + src_step, cnt), wv, a1);
-        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step, cnt), wv, a2);
-        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step, cnt), wv, a3);
-      }
-    }
-    store_acc<T>(out + c, a0, cnt);
-    store_acc<T>(out + out_step + c, a1, cnt);
-    store_acc<T>(out + 2 * out_step + c, a2, cnt);
-    store_acc<T>(out + 3 * out_step + c, a3, cnt);
-  }
-}
-
-// P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
-// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
-// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
-// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
-// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
-template <typename T, int K, int S, int P, bool Full>
-inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
-                             int64_t Cp, const acc_t<T>* init, int64_t c, int64_t cnt) {
-  using A = acc_t<T>;
-  using V = at::vec::Vectorized<A>;
-  constexpr int U = S * (P - 1) + K;
-  // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
-  V acc[P];
-  const V i0 = init ? V::loadu(init + c) : V(A(0));
-  static_for<P>([&](auto j) { acc[j] = i0; });
-  for (int64_t r = 0; r < nrows; ++r) {
-    V wv[K];
-    static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
-    const T* xr = rows[r] + c;
-    static_for<U>([&](auto u) {
-      const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
-      static_for<K>([&](auto kw) {
-        constexpr int d = decltype(u)::value - decltype(kw)::value;
-        if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
-      });
-    });
-  }
-  static_for<P>([&](auto j) { store_acc<T>(out + j * C + c, acc[j], cnt); });
-}
-
-template <typename T, int K, int S, int P>
-inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
-                           int64_t Cp, const acc_t<T>* init) {
-  constexpr int64_t L = at::vec::Vectorized<acc_t<T>>::size();
-  int64_t c = 0;
-  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
-  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
-}
-
-// Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
-template <int S>
-constexpr int64_t row_block_pixels() {
-  return S == 1 ? 8 : 4;
-}
-
-// Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
-template <typename T>
-bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows,
-                        int64_t nrows, int64_t Cp, const acc_t<T>* init) {
-#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
-  if (K == KK && S == SS) {                                                                  \
-    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
-    return true;                                                                             \
-  }
-  FASTOPS_ROW_BLOCK(3, 1)
-  FASTOPS_ROW_BLOCK(3, 2)
-  FASTOPS_ROW_BLOCK(5, 1)
-  FASTOPS_ROW_BLOCK(5, 2)
-  FASTOPS_ROW_BLOCK(7, 1)
-  FASTOPS_ROW_BLOCK(7, 2)
-#undef FASTOPS_ROW_BLOCK
-  return false;
-}
-
-bool has_row_block(int64_t K, int64_t S, int64_t D) {
-  return D == 1 && (K == 3 || K == 5 || K == 7) && (S == 1 || S == 2);
-}
-
-// Forward, NHWC: border pixels tap by tap; interior pixels (every kw in bounds) four at a time,
-// where the valid (kh, kw) taps of the row are the contiguous weight rows wt[kh0 * KW ...].
+// Forward, NHWC: one output row (n, oh) per task.
 template <typename T>
 void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& bt, at::Tensor& y,
                   const DepthwiseGeometry& g) {
   using A = acc_t<T>;
-  const int64_t Cp = wt.size(1);
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
-  const A* wp = wt.const_data_ptr<A>();
   const A* bp = bt.defined() ? bt.const_data_ptr<A>() : nullptr;
-  // Interior columns: every kw in bounds, ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw <= W - 1.
-  const int64_t ow_lo = std::min(g.OW, div_up(g.pl, g.sw));
-  const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
-  const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
-  const bool row_block = has_row_block(g.KW, g.sw, g.dw);
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.OW * g.C));
   at::parallel_for(0, g.N * g.OH, grain, [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> off(g.taps()), tap(g.taps());
-    std::vector<const T*> src(g.taps()), row_ptr(g.KH);
-    std::vector<const A*> wrow_ptr(g.KH);
+    NhwcForwardRow<T> row(g, wt.const_data_ptr<A>(), wt.size(1), bp);
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / g.OH, oh = r % g.OH;
-      const T* xb = xp + n * g.H * g.W * g.C;
-      T* yrow = yp + r * g.OW * g.C;
-      // Rows in bounds for this output row; the interior blocks use them with every kw.
-      int64_t kh0 = 0, kh1 = g.KH;
-      while (kh0 < g.KH && oh * g.sh + kh0 * g.dh - g.pt < 0) ++kh0;
-      while (kh1 > kh0 && oh * g.sh + (kh1 - 1) * g.dh - g.pt >= g.H) --kh1;
-      const A* wrows = wp + kh0 * g.KW * Cp;
-      const int64_t nt_in = (kh1 - kh0) * g.KW;
-      int64_t ow = 0;
-      auto pixel = [&](int64_t o) {
-        int64_t nt = 0;
-        for (int64_t kh = kh0; kh < kh1; ++kh) {
-          const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
-          for (int64_t kw = 0; kw < g.KW; ++kw) {
-            const int64_t iw = o * g.sw + kw * g.dw - g.pl;
-            if (iw < 0 || iw >= g.W) continue;
-            off[nt] = (ih * g.W + iw) * g.C;
-            tap[nt++] = kh * g.KW + kw;
-          }
-        }
-        nhwc_pixel<T>(yrow + o * g.C, xb, off.data(), tap.data(), nt, wp, Cp, bp, g.C);
-      };
-      for (; ow < ow_lo; ++ow) pixel(ow);
-      if (row_block) {
-        const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
-        for (int64_t kh = kh0; kh < kh1; ++kh) wrow_ptr[kh - kh0] = wp + kh * g.KW * Cp;
-        for (; ow + P <= ow_hi; ow += P) {
-          for (int64_t kh = kh0; kh < kh1; ++kh) {
-            row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
-          }
-          dispatch_row_block<T>(g.KW, g.sw, yrow + ow * g.C, g.C, row_ptr.data(), wrow_ptr.data(), kh1 - kh0, Cp, bp);
-        }
-      }
-      for (; ow + 4 <= ow_hi; ow += 4) {
-        int64_t t = 0;
-        for (int64_t kh = kh0; kh < kh1; ++kh) {
-          const T* xrow = xb + (oh * g.sh + kh * g.dh - g.pt) * g.W * g.C;
-          for (int64_t kw = 0; kw < g.KW; ++kw) src[t++] = xrow + (ow * g.sw + kw * g.dw - g.pl) * g.C;
-        }
-        nhwc_block4<T>(yrow + ow * g.C, g.C, src.data(), g.sw * g.C, nt_in, wrows, Cp, bp, g.C);
-      }
-      for (; ow < g.OW; ++ow) pixel(ow);
+      row.run(yp + r * g.OW * g.C, xp + (r / g.OH) * g.H * g.W * g.C, r % g.OH, 0, g.OW);
     }
   });
 }
@@ -855,30 +588,6 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 }
 
 // ---- entry points ----------------------------------------------------------------------------------
-
-// Weights as (C, taps) in the accumulation type (NCHW kernels) or transposed to (taps, Cp) with the
-// channel dimension zero-padded to whole vectors (NHWC kernels).
-at::Tensor weights_acc(const at::Tensor& weight, at::ScalarType acc, bool transposed, int64_t vec) {
-  const int64_t C = weight.size(0), taps = weight.size(2) * weight.size(3);
-  at::Tensor w = weight.reshape({C, taps}).to(acc);
-  if (!transposed) return w.contiguous();
-  at::Tensor wt = at::zeros({taps, round_up(std::max<int64_t>(C, 1), vec)}, weight.options().dtype(acc));
-  wt.narrow(1, 0, C).copy_(w.t());
-  return wt;
-}
-
-at::Tensor bias_acc(const std::optional<at::Tensor>& bias, at::ScalarType acc, int64_t vec) {
-  if (!bias.has_value() || !bias->defined()) return at::Tensor();
-  const int64_t C = bias->size(0);
-  at::Tensor b = at::zeros({round_up(std::max<int64_t>(C, 1), vec)}, bias->options().dtype(acc));
-  b.narrow(0, 0, C).copy_(*bias);
-  return b;
-}
-
-template <typename T>
-constexpr int64_t acc_vec_size() {
-  return at::vec::Vectorized<acc_t<T>>::size();
-}
 
 at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {

@@ -1,0 +1,164 @@
+"""depthwise_separable_conv2d: a depthwise conv and the 1x1 conv after it in one CPU kernel (the
+depthwise output stays in a cache-sized tile and never goes to memory); backward recomputes it."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fastops.ops._validate import check_floating, check_tensor
+from fastops.ops.depthwise_conv2d import IntPair, _out_hw, _pair, resolve_padding
+
+_OP = "depthwise_separable_conv2d"
+
+
+def depthwise_separable_conv2d(
+    x: Tensor,
+    dw_weight: Tensor,
+    dw_bias: Tensor | None,
+    pw_weight: Tensor,
+    pw_bias: Tensor | None = None,
+    stride: IntPair = 1,
+    padding: IntPair | str = 0,
+    dilation: IntPair = 1,
+) -> Tensor:
+    """Depthwise conv then 1x1 conv, fused: ``F.conv2d(F.conv2d(x, dw_weight, dw_bias, stride, padding,
+    dilation, groups=C), pw_weight, pw_bias)``.
+
+    Args:
+        x: (N, C, H, W), float32, float16 or bfloat16 (float64 too), CPU only (no CUDA kernel). The
+            kernel works on channels_last data: a channels_last x is read in place, any other x is
+            converted to channels_last first (an extra copy; pass channels_last for the fast path).
+        dw_weight: (C, 1, kh, kw) of x's dtype — channel multiplier 1. Any kernel size.
+        dw_bias: None or (C,).
+        pw_weight: (Cout, C, 1, 1).
+        pw_bias: None or (Cout,).
+        stride, dilation: int or (h, w) pair, >= 1 (of the depthwise conv).
+        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1).
+
+    Returns (N, Cout, OH, OW), channels_last, OH/OW as for the depthwise conv. The depthwise output
+    is rounded to x's dtype before the 1x1 (as the unfused pair stores it); both convs accumulate in
+    fp32 (fp64 for fp64).
+
+    Gradient: backward recomputes the depthwise output with :func:`fastops.depthwise_conv2d`, then the
+    1x1's gradients are two GEMMs on the channels_last views and the depthwise gradients come from
+    the depthwise op's backward kernels. Under autocast it runs in the autocast dtype, as conv2d does.
+
+    Equals ``fastops.reference.depthwise_separable_conv2d``.
+    """
+    for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
+        check_tensor(_OP, arg, value)
+    for arg, opt in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
+        if opt is not None:
+            check_tensor(_OP, arg, opt)
+    if x.dim() != 4:
+        raise ValueError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
+    c = x.shape[1]
+    if dw_weight.dim() != 4 or dw_weight.shape[1] != 1 or dw_weight.shape[0] != c:
+        raise ValueError(
+            f"fastops.{_OP}: expected dw_weight of shape ({c}, 1, kh, kw) (channel multiplier 1), "
+            f"got {tuple(dw_weight.shape)}"
+        )
+    if pw_weight.dim() != 4 or tuple(pw_weight.shape[1:]) != (c, 1, 1):
+        raise ValueError(
+            f"fastops.{_OP}: expected pw_weight of shape (Cout, {c}, 1, 1), got {tuple(pw_weight.shape)}"
+        )
+    for arg, bias, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
+        if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+            raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
+    t: Tensor | None
+    for arg, t in (
+        ("dw_weight", dw_weight),
+        ("dw_bias", dw_bias),
+        ("pw_weight", pw_weight),
+        ("pw_bias", pw_bias),
+    ):
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
+            )
+    if x.device.type != "cpu":
+        raise NotImplementedError(
+            f"fastops.{_OP}: only a CPU kernel exists (got x on {x.device}); on CUDA use "
+            "fastops.depthwise_conv2d followed by a 1x1 conv"
+        )
+    s = _pair("stride", stride, 1)
+    d = _pair("dilation", dilation, 1)
+    p = resolve_padding(padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
+    return torch.ops.fastops.depthwise_separable_conv2d.default(
+        x, dw_weight, dw_bias, pw_weight, pw_bias, list(s), list(p), list(d)
+    )
+
+
+@torch.library.register_fake("fastops::depthwise_separable_conv2d")
+def _fake(
+    x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation
+) -> Tensor:  # noqa: ANN001
+    check_floating(_OP, "x", x)
+    torch._check(
+        dw_weight.dtype == x.dtype and pw_weight.dtype == x.dtype,
+        lambda: f"fastops.{_OP}: expected dw_weight and pw_weight to have the dtype of x",
+    )
+    torch._check(
+        dw_weight.dim() == 4 and dw_weight.shape[1] == 1 and dw_weight.shape[0] == x.shape[1],
+        lambda: f"fastops.{_OP}: expected dw_weight of shape (C, 1, kh, kw), got {tuple(dw_weight.shape)}",
+    )
+    torch._check(
+        pw_weight.dim() == 4 and pw_weight.shape[1] == x.shape[1],
+        lambda: f"fastops.{_OP}: expected pw_weight of shape (Cout, C, 1, 1), got {tuple(pw_weight.shape)}",
+    )
+    oh, ow = _out_hw(x.shape[2], x.shape[3], dw_weight.shape[2:], stride, padding, dilation)
+    return x.new_empty((x.shape[0], pw_weight.shape[0], oh, ow)).contiguous(memory_format=torch.channels_last)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    x, dw_weight, dw_bias, pw_weight, pw_bias, stride, padding, dilation = inputs
+    ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight)
+    ctx.has_dw_bias = dw_bias is not None
+    ctx.has_pw_bias = pw_bias is not None
+    ctx.args = (stride, padding, dilation)
+
+
+def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+    x, dw_weight, dw_bias, pw_weight = ctx.saved_tensors
+    stride, padding, dilation = ctx.args
+    need_x, need_dw, need_db, need_pw, need_pb = ctx.needs_input_grad[:5]
+    cout, c = pw_weight.shape[0], pw_weight.shape[1]
+    # (M, Cout) view of the channels_last gradient, M = N*OH*OW.
+    g = grad_out.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(-1, cout)
+    grad_pw = grad_pb = grad_x = grad_dw = grad_db = None
+    if need_pw:
+        # Recompute the depthwise output (not saved by the forward, which never stored it).
+        xl = x.contiguous(memory_format=torch.channels_last)
+        z = torch.ops.fastops.depthwise_conv2d.default(xl, dw_weight, dw_bias, stride, padding, dilation)
+        zm = z.permute(0, 2, 3, 1).reshape(-1, c)
+        grad_pw = (g.t() @ zm).reshape(cout, c, 1, 1)
+    if need_pb:
+        grad_pb = g.sum(0)
+    if need_x or need_dw or need_db:
+        n, _, oh, ow = grad_out.shape
+        # dL/dz as a channels_last (N, C, OH, OW) tensor.
+        gz = (g @ pw_weight.reshape(cout, c)).reshape(n, oh, ow, c).permute(0, 3, 1, 2)
+        if need_x:
+            grad_x = torch.ops.fastops.depthwise_conv2d_backward_input.default(
+                gz, dw_weight, list(x.shape), stride, padding, dilation, True
+            )
+        if need_dw or need_db:
+            grad_dw, grad_db = torch.ops.fastops.depthwise_conv2d_backward_weight.default(
+                gz,
+                x.contiguous(memory_format=torch.channels_last),
+                list(dw_weight.shape[2:]),
+                stride,
+                padding,
+                dilation,
+            )
+            if not ctx.has_dw_bias:
+                grad_db = None
+    return grad_x, grad_dw, grad_db, grad_pw, grad_pb, None, None, None
+
+
+torch.library.register_autograd(
+    "fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context
+)
+# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++
+# (csrc/cpu/depthwise_separable_conv2d.cpp).

@@ -1,0 +1,243 @@
+"""fastops.depthwise_separable_conv2d (fused depthwise -> 1x1, CPU) against the fp64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastops
+from fastops import reference
+from tests.helpers import assert_close_to_reference
+
+# (N, C, Cout, H, W, k, stride, dilation, padding)
+CASES = [
+    (1, 24, 64, 8, 9, 3, 1, 1, 1),  # fp32: 4 vectors of output channels in one register chunk
+    (2, 16, 24, 12, 11, 3, 1, 1, 1),
+    (1, 17, 9, 13, 13, 3, 2, 1, 1),  # odd C / Cout, batch 1
+    (2, 32, 16, 14, 14, 5, 1, 1, 2),
+    (1, 24, 33, 15, 16, 5, 2, 1, 2),
+    (2, 13, 40, 9, 10, 7, 1, 1, 3),
+    (1, 40, 24, 16, 15, 7, 2, 1, 3),
+    (2, 8, 8, 9, 9, 3, 1, 2, "same"),
+    (1, 5, 3, 6, 7, (2, 3), (1, 2), 1, 0),  # no register-blocked variant: the generic taps
+    (3, 96, 24, 7, 7, 3, 1, 1, 1),
+    (1, 144, 80, 20, 130, 3, 1, 1, 1),  # a row of several tiles
+    (0, 16, 8, 9, 9, 3, 1, 1, 1),  # empty batch
+    (2, 4, 6, 3, 3, 5, 1, 1, 2),  # H, W smaller than k
+]
+
+
+def _ids(case: tuple) -> str:
+    n, c, co, h, w, k, s, d, p = case
+    return f"n{n}c{c}o{co}_{h}x{w}_k{k}s{s}d{d}p{p}"
+
+
+def _inputs(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bool = True):
+    n, c, co, h, w, k, _, _, _ = case
+    kh, kw = (k, k) if isinstance(k, int) else k
+    gen = torch.Generator().manual_seed(abs(hash(case)) % 2**31)
+    x = torch.randn(n, c, h, w, generator=gen, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    dw = torch.randn(c, 1, kh, kw, generator=gen, dtype=torch.float64)
+    pw = torch.randn(co, c, 1, 1, generator=gen, dtype=torch.float64) / c**0.5
+    db = torch.randn(c, generator=gen, dtype=torch.float64) if bias else None
+    pb = torch.randn(co, generator=gen, dtype=torch.float64) if bias else None
+    return [t.to(dtype) if t is not None else None for t in (x, dw, db, pw, pb)]
+
+
+def _forward_backward(fn, inputs, args, g=None):  # noqa: ANN001, ANN202
+    leaves = [t.detach().requires_grad_(True) if t is not None else None for t in inputs]
+    y = fn(*leaves, *args)
+    if g is None:
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(y.dtype)
+    used = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad(y, used, g) if y.numel() else [torch.zeros_like(t) for t in used]
+    return y.detach(), list(grads), g
+
+
+def _check(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bool = True) -> None:
+    args = case[6], case[8], case[7]  # stride, padding, dilation
+    inputs = _inputs(case, dtype, bias, channels_last)
+    y, grads, g = _forward_backward(fastops.depthwise_separable_conv2d, inputs, args)
+    inputs64 = [t.double() if t is not None else None for t in inputs]
+    y64, grads64, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs64, args, g.double())
+    assert y.dtype == dtype and y.shape == y64.shape
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    eager_y, eager_grads = None, [None] * len(grads)
+    if dtype == torch.bfloat16:
+        eager_y, eager_grads, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs, args, g)
+    names = [
+        n
+        for n, t in zip(("grad_x", "grad_dw", "grad_db", "grad_pw", "grad_pb"), inputs, strict=True)
+        if t is not None
+    ]
+    # fp32: the 1x1 weight gradient sums N*OH*OW products (2600 in the largest case); allow for it.
+    tol_out = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
+    tol_grad = {"rtol": 1e-4, "atol": 5e-4} if dtype == torch.float32 else {}
+    for name, ours, ref, eager in zip(
+        ["output", *names], [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True
+    ):
+        try:
+            assert_close_to_reference(
+                ours,
+                ref,
+                eager=eager,
+                factor=2.0 if name == "output" else 3.0,
+                **(tol_out if name == "output" else tol_grad),
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_matches_reference_float64(case: tuple) -> None:
+    _check(case, torch.float64)
+
+
+@pytest.mark.parametrize("case", CASES[::2], ids=_ids)
+def test_matches_reference_float32(case: tuple) -> None:
+    _check(case, torch.float32)
+
+
+@pytest.mark.parametrize("case", CASES[1::3], ids=_ids)
+def test_matches_reference_bfloat16(case: tuple) -> None:
+    _check(case, torch.bfloat16)
+
+
+def test_no_bias_and_contiguous_input() -> None:
+    _check(CASES[1], torch.float64, bias=False)
+    _check(CASES[2], torch.float64, channels_last=False)  # converted to channels_last inside
+
+
+def test_gradcheck() -> None:
+    for stride, padding in ((1, 1), (2, 0)):
+        x = torch.randn(2, 3, 6, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+        x.requires_grad_(True)
+        dw = torch.randn(3, 1, 3, 3, dtype=torch.float64, requires_grad=True)
+        db = torch.randn(3, dtype=torch.float64, requires_grad=True)
+        pw = torch.randn(5, 3, 1, 1, dtype=torch.float64, requires_grad=True)
+        pb = torch.randn(5, dtype=torch.float64, requires_grad=True)
+
+        def fn(*t: torch.Tensor) -> torch.Tensor:
+            return fastops.depthwise_separable_conv2d(*t, stride, padding)  # noqa: B023
+
+        assert torch.autograd.gradcheck(fn, (x, dw, db, pw, pb))
+
+
+def test_opcheck() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (
+            torch.randn(2, 5, 9, 8, dtype=dtype)
+            .contiguous(memory_format=torch.channels_last)
+            .requires_grad_(True)
+        )
+        dw = torch.randn(5, 1, 3, 3, dtype=dtype, requires_grad=True)
+        db = torch.randn(5, dtype=dtype, requires_grad=True)
+        pw = torch.randn(7, 5, 1, 1, dtype=dtype, requires_grad=True)
+        pb = torch.randn(7, dtype=dtype, requires_grad=True)
+        args = ([2, 1], [1, 1, 0, 2], [1, 2])
+        op = torch.ops.fastops.depthwise_separable_conv2d.default
+        torch.library.opcheck(op, (x, dw, db, pw, pb, *args))
+        torch.library.opcheck(op, (x, dw, None, pw, None, *args))
+
+
+def test_torch_compile_fullgraph() -> None:
+    def f(*t: torch.Tensor) -> torch.Tensor:
+        return (fastops.depthwise_separable_conv2d(*t, 2, 1).relu() * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    inputs = _inputs((2, 6, 10, 11, 10, 3, 2, 1, 1), torch.float32)
+    leaves = [t.requires_grad_(True) for t in inputs]
+    out = compiled(*leaves)
+    got = torch.autograd.grad(out, leaves)
+    ref = f(*leaves)
+    want = torch.autograd.grad(ref, leaves)
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_autocast_runs_in_autocast_dtype() -> None:
+    x, dw, db, pw, pb = (
+        t.float().requires_grad_(True) for t in _inputs((2, 8, 12, 10, 10, 3, 1, 1, 1), torch.float64)
+    )
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        y = fastops.depthwise_separable_conv2d(x, dw, db, pw, pb, 1, 1)
+        ref = F.conv2d(F.conv2d(x, dw, db, 1, 1, 1, 8), pw, pb)
+    assert y.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2)
+    y.float().sum().backward()
+    assert all(t.grad.dtype == torch.float32 for t in (x, dw, db, pw, pb))
+
+
+def test_clear_errors() -> None:
+    x, dw, db, pw, pb = _inputs(CASES[1], torch.float32)  # C=16, Cout=24
+    f = fastops.depthwise_separable_conv2d
+    with pytest.raises(ValueError, match=r"depthwise_separable_conv2d: expected x to be 4-D"):
+        f(x[0], dw, db, pw, pb)
+    with pytest.raises(ValueError, match=r"expected dw_weight of shape \(16, 1, kh, kw\)"):
+        f(x, dw[:3], db, pw, pb)
+    with pytest.raises(ValueError, match=r"expected pw_weight of shape \(Cout, 16, 1, 1\)"):
+        f(x, dw, db, pw[:, :4], pb)
+    with pytest.raises(ValueError, match=r"expected pw_bias of shape \(24,\)"):
+        f(x, dw, db, pw, pb[:3])
+    with pytest.raises(ValueError, match=r"expected dw_bias of shape \(16,\)"):
+        f(x, dw, db[:3], pw, pb)
+    with pytest.raises(TypeError, match=r"expected x to be a torch.Tensor"):
+        f(None, dw, db, pw, pb)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"padding='same' is not supported for strided"):
+        f(x, dw, db, pw, pb, 2, "same")
+    op = torch.ops.fastops.depthwise_separable_conv2d
+    with pytest.raises(
+        RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight of shape \(Cout, 16, 1, 1\)"
+    ):
+        op(x, dw, db, pw[:, :4], pb, [1, 1], [1, 1, 1, 1], [1, 1])
+    with pytest.raises(
+        RuntimeError, match=r"depthwise_separable_conv2d: expected pw_weight to have the dtype"
+    ):
+        op(x, dw, db, pw.double(), pb, [1, 1], [1, 1, 1, 1], [1, 1])
+    with pytest.raises(RuntimeError, match=r"depthwise_separable_conv2d: expected pw_bias of shape \(24,\)"):
+        op(x, dw, db, pw, pb[:3], [1, 1], [1, 1, 1, 1], [1, 1])
+    with pytest.raises(RuntimeError, match=r"is smaller than the dilated kernel"):
+        op(x, dw, db, pw, pb, [1, 1], [0, 0, 0, 0], [7, 7])
+
+
+def test_module_runs_fused_for_channels_last_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastops.nn.depthwise_conv2d as mod
+
+    calls = []
+    fused = mod.depthwise_separable_conv2d
+    monkeypatch.setattr(mod, "depthwise_separable_conv2d", lambda *a: calls.append(1) or fused(*a))
+    seq = torch.nn.Sequential(
+        torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), torch.nn.Conv2d(16, 24, 1)
+    )
+    ours = fastops.nn.DepthwiseSeparableConv2d.from_torch(seq)
+    fresh = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, stride=2, padding=1)
+    assert fresh.state_dict().keys() == ours.state_dict().keys()  # keys unchanged by the fused path
+    fresh.load_state_dict(seq.state_dict())
+    x = torch.randn(2, 16, 11, 10).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want = seq(x)
+        for m in (ours, fresh):
+            y = m(x)
+            torch.testing.assert_close(y, want)
+            assert y.is_contiguous(memory_format=torch.channels_last)
+        assert len(calls) == 2
+        ours(x.contiguous())  # NCHW: the unfused pair
+        handle = ours.pointwise.register_forward_hook(lambda *a: None)
+        ours(x)  # a hook on the 1x1 must still run: unfused
+        handle.remove()
+        assert len(calls) == 2
+        ours(x)
+        assert len(calls) == 3
+    # Recording autograd: the unfused pair (the fused backward's recompute is slower), same results.
+    xg = x.clone().requires_grad_(True)
+    y, y_ref = ours(xg), seq(xg)
+    assert len(calls) == 3
+    torch.testing.assert_close(y, y_ref)
+    got = torch.autograd.grad(y.square().sum(), [xg, *ours.parameters()])
+    want_g = torch.autograd.grad(y_ref.square().sum(), [xg, *seq.parameters()])
+    for a, b in zip(got, want_g, strict=True):
+        torch.testing.assert_close(a, b)
