@@ -39,6 +39,7 @@ bench: install
 	$(PY) -m benchmarks.bench_gelu
 	$(PY) -m benchmarks.bench_adam
 	$(PY) -m benchmarks.bench_depthwise
+	$(PY) -m benchmarks.bench_depthwise_separable --threads 1
 	$(PY) -m benchmarks.bench_train
 
 demo: install
