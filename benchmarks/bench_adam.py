@@ -156,13 +156,13 @@ def main() -> None:
     )
     if device == "cpu":
         notes += (
-            "The CPU (2 cores) was shared with other jobs during the run, so absolute numbers are noisy "
-            "(the copy roofline too, which is why % roofline can pass 100%); the interleaving keeps the "
-            "ratios between providers fair. How much the others share the cores changes the ratios: "
-            "torch's fused CPU kernel runs one parallel region per tensor, and every region waits for "
-            "its slowest thread, so with the cores contended it loses time per tensor, while fastops "
-            "runs one region per dtype over all tensors. On an idle machine expect torch_fused within "
-            "~10% of fastops; under load, a multiple. "
+            "% roofline can pass 100% on the CPU: the copy that sets the roofline pays a write-allocate "
+            "read of its destination that the byte count does not show, while Adam writes only lines it "
+            "has just read (params and moments are updated in place). Providers run interleaved, so "
+            "other load on the cores hits them alike; but contention changes the ratios: torch's fused "
+            "CPU kernel runs one parallel region per tensor, each waiting for its slowest thread, while "
+            "fastops runs one region per dtype over all tensors, so on a busy machine torch_fused falls "
+            "behind by a multiple, on an idle one by ~10%. "
         )
     csv_path, md_path = common.write_results("adam", device, results, roofline, args.out, args.tag, notes)
     print(common.format_table(results, roofline))

@@ -96,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--amp", choices=AMP_CHOICES, default=DEFAULTS.amp, help="fp16 needs CUDA")
     run.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the blocks")
     run.add_argument(
-        "--channels-last", action=argparse.BooleanOptionalAction, default=None, help="default: on for CUDA"
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="NHWC activations (default: on)",
     )
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--num-workers", type=int, default=DEFAULTS.num_workers, help="DataLoader workers")

@@ -43,7 +43,10 @@ class TrainConfig:
     device: str = "auto"
     amp: str = "none"
     checkpointing: bool = False  # activation checkpointing of the model's blocks
-    channels_last: bool | None = None  # None: on for CUDA, off for CPU
+    # None: on. NHWC is what cuDNN's fast kernels want, and on the CPU it is where fastops' depthwise
+    # kernels and oneDNN do best (digits model, 2 threads: 25.9 ms/step NHWC vs 33.0 ms NCHW with
+    # fastops; stock 29.8 vs 30.2 ms).
+    channels_last: bool | None = None
     compile: bool = False
     num_workers: int = 0
     threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 keeps torch's default
@@ -117,9 +120,7 @@ class TrainConfig:
         return self
 
     def use_channels_last(self) -> bool:
-        if self.channels_last is None:
-            return self.resolved_device().type == "cuda"
-        return self.channels_last
+        return True if self.channels_last is None else self.channels_last
 
     def replace(self, **changes: object) -> TrainConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
