@@ -52,18 +52,21 @@ def summarize(path: Path) -> str:
         groups.setdefault((r["case"], r["direction"], r["dtype"]), {}).setdefault(r["size"], {})[
             r["provider"]
         ] = r
-    providers = sorted({r["provider"] for r in rows} - {"fastops"})
+    # Our provider is "fastops"; a file comparing fastops paths with each other names ours "fused".
+    names = {r["provider"] for r in rows}
+    ours_name = "fastops" if "fastops" in names or "fused" not in names else "fused"
+    providers = sorted(names - {ours_name})
     title = (
         f"**{path.stem}** — {header.get('device', '?')}, torch {header.get('torch', '?')}, "
         f"{header.get('date', '?')}, git {header.get('git', '?')}; copy roofline "
         f"{header.get('copy_roofline_gbps', '?')} GB/s ([full table](benchmarks/results/{path.stem}.md))"
     )
     if len(groups) > MAX_ROWS:
-        return "\n".join([title, "", *_folded_table(groups, providers)])
+        return "\n".join([title, "", *_folded_table(groups, providers, ours_name)])
     out = [
         title,
         "",
-        "| case | dir | dtype | size | fastops ms | % roofline | "
+        f"| case | dir | dtype | size | {ours_name} ms | % roofline | "
         + " | ".join(f"vs {p}" for p in providers)
         + " |",
         "|---|---|---|---|---|---|" + "---|" * len(providers),
@@ -71,7 +74,7 @@ def summarize(path: Path) -> str:
     for (case, direction, dtype), by_size in groups.items():
         size = max(by_size, key=_size_key)
         group = by_size[size]
-        ours = group.get("fastops")
+        ours = group.get(ours_name)
         if ours is None:
             continue
         ratios = [
@@ -86,7 +89,9 @@ def summarize(path: Path) -> str:
 
 
 def _folded_table(
-    groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]], providers: list[str]
+    groups: dict[tuple[str, str, str], dict[str, dict[str, dict[str, str]]]],
+    providers: list[str],
+    ours_name: str,
 ) -> list[str]:
     """One row per (variant, direction, dtype): geometric-mean speedup of fastops over each provider
     across every (case, size) measured, and the median share of the roofline."""
@@ -94,7 +99,7 @@ def _folded_table(
     for (case, direction, dtype), by_size in groups.items():
         variant = case.split()[-1] if len(case.split()) > 1 else ""
         for group in by_size.values():
-            ours = group.get("fastops")
+            ours = group.get(ours_name)
             if ours is None:
                 continue
             acc = folded.setdefault((variant, direction, dtype), {})
