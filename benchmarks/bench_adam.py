@@ -11,7 +11,6 @@ timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x i
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -69,29 +68,6 @@ PROVIDERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
 }
 
 
-def interleaved_times(
-    steps: dict[str, Callable[[], object]],
-    device: str,
-    min_time: float,
-    min_reps: int = 7,
-    max_reps: int = 200,
-) -> dict[str, list[float]]:
-    """Per-step times of every provider, taken in rounds (one step of each provider per round), so
-    load from other jobs on a shared machine falls on all providers alike instead of on whichever
-    happened to run at a busy moment."""
-    for step in steps.values():  # warm-up: creates the state (and compiles)
-        for _ in range(2):
-            step()
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < max_reps and (rounds < min_reps or time.perf_counter() - start < min_time * len(steps)):
-        for name, step in steps.items():
-            times[name] += common.time_ms(step, device, min_time=0.0, warmup=0, max_reps=1, min_reps=1)
-        rounds += 1
-    return times
-
-
 def main() -> None:
     parser = common.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -121,29 +97,16 @@ def main() -> None:
         steps: dict[str, Callable[[], object]] = {name: f(params).step for name, f in PROVIDERS.items()}
         if not args.no_compile:
             steps["compile"] = torch.compile(PROVIDERS["torch_foreach"](params).step)
-        times = interleaved_times(steps, device, min_time)
+        # Warm-up creates each optimizer's state (and compiles).
+        times = common.interleaved_times(steps, device, min_time, warmup=2, min_reps=7, max_reps=200)
         for name, t in times.items():
-            median, p20, p80 = common.quantiles(t)
-            gbps = nbytes / (median * 1e-3) / 1e9
-            results.append(
-                common.Result(
-                    "adam",
-                    case,
-                    "step",
-                    str(dtype).removeprefix("torch."),
-                    size,
-                    name,
-                    median,
-                    p20,
-                    p80,
-                    nbytes,
-                    gbps,
-                    100 * gbps / roofline,
-                    {"reps": len(t)},
-                )
+            result = common.result_from_times(
+                "adam", case, "step", dtype, size, name, t, nbytes, roofline, reps=len(t)
             )
+            results.append(result)
             print(
-                f"{case:10s} {name:14s} {median:10.3f} ms  p20 {p20:9.3f}  p80 {p80:9.3f}  {gbps:6.1f} GB/s",
+                f"{case:10s} {name:14s} {result.median_ms:10.3f} ms  p20 {result.p20_ms:9.3f}  "
+                f"p80 {result.p80_ms:9.3f}  {result.gbps:6.1f} GB/s",
                 flush=True,
             )
         del params, steps

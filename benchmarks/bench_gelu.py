@@ -17,8 +17,6 @@ back; grad_bias re-reads grad_x).
 
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.nn.functional as F
 
@@ -39,41 +37,12 @@ def measure_group(
     roofline: float,
     min_time: float,
 ) -> list[common.Result]:
-    """Like common.measure, for all providers of one case at once, interleaved: each round times one
-    call of every provider in turn, so load from other jobs on a shared machine falls on all of them
-    alike instead of on whichever provider happened to run during a busy second."""
-    for fn in fns.values():
-        for _ in range(3):
-            fn()
-    common.synchronize(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    start = time.perf_counter()
-    rounds = 0
-    while rounds < 1000 and (rounds < 5 or time.perf_counter() - start < min_time * len(fns)):
-        for name, fn in fns.items():
-            times[name] += common.time_ms(fn, device, warmup=0, max_reps=1, min_reps=1)
-        rounds += 1
-    results = []
-    for name, ts in times.items():
-        median, p20, p80 = common.quantiles(ts)
-        gbps = nbytes / (median * 1e-3) / 1e9 if nbytes else 0.0
-        results.append(
-            common.Result(
-                OP,
-                case,
-                direction,
-                str(dtype).removeprefix("torch."),
-                size,
-                name,
-                median,
-                p20,
-                p80,
-                nbytes,
-                gbps,
-                100 * gbps / roofline if roofline else 0.0,
-            )
-        )
-    return results
+    """Like common.measure, for all providers of one case at once, interleaved (common.interleaved_times)."""
+    times = common.interleaved_times(fns, device, min_time, warmup=3, min_reps=5, max_reps=1000)
+    return [
+        common.result_from_times(OP, case, direction, dtype, size, name, ts, nbytes, roofline)
+        for name, ts in times.items()
+    ]
 
 
 def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):  # noqa: ANN001, ANN202

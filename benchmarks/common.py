@@ -175,7 +175,24 @@ def measure(
     min_time: float,
     **extra: float | str,
 ) -> Result:
-    median, p20, p80 = quantiles(time_ms(fn, device, min_time=min_time))
+    times = time_ms(fn, device, min_time=min_time)
+    return result_from_times(op, case, direction, dtype, size, provider, times, nbytes, roofline, **extra)
+
+
+def result_from_times(
+    op: str,
+    case: str,
+    direction: str,
+    dtype: torch.dtype,
+    size: str,
+    provider: str,
+    times: Sequence[float],
+    nbytes: int,
+    roofline: float,
+    **extra: float | str,
+) -> Result:
+    """The Result row of one provider from its per-call times in ms."""
+    median, p20, p80 = quantiles(times)
     gbps = nbytes / (median * 1e-3) / 1e9 if nbytes else 0.0
     return Result(
         op,
@@ -192,6 +209,32 @@ def measure(
         100 * gbps / roofline if roofline else 0.0,
         dict(extra),
     )
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]],
+    device: str,
+    min_time: float,
+    *,
+    warmup: int,
+    min_reps: int,
+    max_reps: int,
+) -> dict[str, list[float]]:
+    """Per-call times in ms of every provider, taken in rounds (one call of each provider per round),
+    so load from other jobs on a shared machine falls on all providers alike instead of on whichever
+    happened to run during a busy second. Runs at least min_reps rounds, then until min_time seconds
+    per provider have passed, at most max_reps rounds."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < max_reps and (rounds < min_reps or time.perf_counter() - start < min_time * len(fns)):
+        for name, fn in fns.items():
+            times[name] += time_ms(fn, device, min_time=0.0, warmup=0, max_reps=1, min_reps=1)
+        rounds += 1
+    return times
 
 
 def environment(device: str) -> dict[str, str]:
