@@ -53,6 +53,17 @@ def report() -> str:
             f"  CUDA kernels: compiled in, archs {arch_list or archs}, CUDA runtime "
             f"{runtime // 1000}.{runtime % 1000 // 10}"
         )
+        from fastops.nn.depthwise_conv2d import cuda_backend
+
+        backend = cuda_backend()
+        lines.append(
+            f"  nn.DepthwiseConv2d on CUDA: {backend}"
+            + (
+                " (fallback to F.conv2d; FASTOPS_CUDA_DEPTHWISE=fastops runs fastops' kernel)"
+                if backend == "cudnn"
+                else ""
+            )
+        )
     else:
         lines.append("  CUDA kernels: not compiled in")
     lines += [

@@ -13,6 +13,13 @@ def _seed_everything() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fastops.nn.DepthwiseConv2d falls back to cuDNN on CUDA by default; the tests are about our
+    # kernels, so every module test runs them (tests of the default itself unset this).
+    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "fastops")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     from fastops import _extension
 

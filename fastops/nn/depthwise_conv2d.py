@@ -4,10 +4,12 @@ parameter-for-parameter compatible with nn.Conv2d(groups=C) and with the depthwi
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fastops.ops.depthwise_conv2d import _pair, depthwise_conv2d, resolve_padding
@@ -18,10 +20,36 @@ def _kernel_pair(kernel_size: int | Sequence[int]) -> tuple[int, int]:
     return _pair("kernel_size", kernel_size, 1)
 
 
+CUDA_BACKENDS = ("cudnn", "fastops")
+# The module's CUDA default: measured on an H100 (benchmarks/results/depthwise_conv2d_cuda.md), our
+# CUDA forward and input gradient are near cuDNN's in channels_last but the weight gradient is
+# 0.08-0.4x, so a swapped model trained 2x slower (train_cuda.md). Until our kernel wins, CUDA input
+# runs cuDNN, named as the fallback it is; FASTOPS_CUDA_DEPTHWISE=fastops runs ours.
+DEFAULT_CUDA_BACKEND = "cudnn"
+
+
+def cuda_backend() -> str:
+    """Which kernel ``DepthwiseConv2d`` modules run on CUDA input: FASTOPS_CUDA_DEPTHWISE, else the
+    default. ``"fastops"``: fastops' CUDA kernels; ``"cudnn"``: ``F.conv2d`` (a fallback to PyTorch)."""
+    chosen = os.environ.get("FASTOPS_CUDA_DEPTHWISE", "").strip().lower() or DEFAULT_CUDA_BACKEND
+    if chosen not in CUDA_BACKENDS:
+        raise ValueError(
+            f"fastops.nn.DepthwiseConv2d: FASTOPS_CUDA_DEPTHWISE={chosen!r}; expected one of {CUDA_BACKENDS}"
+        )
+    return chosen
+
+
 class DepthwiseConv2d(nn.Module):
     """``nn.Conv2d(channels, channels, kernel_size, stride, padding, dilation, groups=channels, bias=bias)``
     on fastops kernels. Parameters ``weight`` (C, 1, kh, kw) and ``bias`` (C,) are named, shaped and
-    initialized as nn.Conv2d's, so state dicts load both ways; see :func:`fastops.depthwise_conv2d`."""
+    initialized as nn.Conv2d's, so state dicts load both ways; see :func:`fastops.depthwise_conv2d`.
+
+    CUDA input runs the kernel named by ``cuda_backend`` (``None``: :func:`cuda_backend`, which is
+    ``"cudnn"``, a fallback to ``F.conv2d``, unless FASTOPS_CUDA_DEPTHWISE=fastops): fastops' CUDA
+    weight gradient is still slower than cuDNN's. Set ``module.cuda_backend = "fastops"`` to run ours.
+    """
+
+    cuda_backend: str | None = None
 
     def __init__(
         self,
@@ -63,7 +91,22 @@ class DepthwiseConv2d(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
+        if isinstance(x, Tensor) and x.is_cuda and self.resolved_cuda_backend() == "cudnn":
+            return F.conv2d(
+                x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
+            )
         return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+    def resolved_cuda_backend(self) -> str:
+        """The kernel this module runs on CUDA input: its ``cuda_backend``, else :func:`cuda_backend`."""
+        if self.cuda_backend is None:
+            return cuda_backend()
+        if self.cuda_backend not in CUDA_BACKENDS:
+            raise ValueError(
+                f"fastops.nn.DepthwiseConv2d: cuda_backend={self.cuda_backend!r}; expected one of "
+                f"{CUDA_BACKENDS} or None"
+            )
+        return self.cuda_backend
 
     def extra_repr(self) -> str:
         s = f"{self.channels}, kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"

@@ -46,7 +46,19 @@ def _case_grid() -> list[tuple]:
         (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
         (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
     ]
-    return cases
+    return cases + VECTOR_CASES
+
+
+# C a multiple of 8: the channels_last 16-byte vector kernels on CUDA, each compile-time body
+# (3x3, 5x5, 7x7, generic) with stride 1 and 2, dilation and asymmetric padding.
+VECTOR_CASES = [
+    (2, 16, 11, 13, 3, 1, 1, 1),
+    (1, 24, 9, 10, 5, 1, 2, 4),
+    (2, 32, 14, 14, 7, 1, 1, 3),
+    (1, 16, 13, 12, 7, 2, 1, 3),
+    (1, 8, 9, 9, (3, 5), (1, 2), 1, (1, 2)),
+    (1, 8, 12, 12, 4, 1, 1, "same"),
+]
 
 
 CASES = _case_grid()
@@ -139,8 +151,11 @@ def test_matches_conv2d_float64(case: tuple, layout: str) -> None:
     _check(case, torch.float64, "cpu", layout)
 
 
-# A sample of the grid for the lower precisions (every 3rd case, rotating the layout).
-_HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])]
+# A sample of the grid for the lower precisions (every 3rd case, rotating the layout), plus every
+# vector-kernel case in channels_last.
+_HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])] + [
+    (c, "channels_last") for c in VECTOR_CASES
+]
 
 
 @devices
@@ -309,6 +324,31 @@ def test_module_parity_and_checkpoints(device: str) -> None:
     assert m.bias is None
     xs = torch.randn(1, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(m(xs), nb(xs))
+
+
+@devices
+def test_module_cuda_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default on CUDA is the named cuDNN fallback (F.conv2d, bit for bit); "fastops" runs ours;
+    CPU input always runs ours. Bad settings are errors that name the setting."""
+    monkeypatch.delenv("FASTOPS_CUDA_DEPTHWISE")
+    assert fastops.nn.depthwise_conv2d.cuda_backend() == "cudnn"
+    conv = nn.Conv2d(8, 8, 3, padding=1, groups=8, device=device)
+    m = fastops.nn.DepthwiseConv2d.from_torch(conv)
+    x = torch.randn(2, 8, 9, 10, device=device).contiguous(memory_format=torch.channels_last)
+    ref = fastops.reference.depthwise_conv2d(x.double(), conv.weight.double(), conv.bias.double(), 1, 1, 1)
+    if device == "cuda":
+        assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
+    else:
+        assert_close_to_reference(m(x), ref)
+    m.cuda_backend = "fastops"
+    assert m.resolved_cuda_backend() == "fastops"
+    assert_close_to_reference(m(x), ref)
+    m.cuda_backend = "cublas"
+    with pytest.raises(ValueError, match="cuda_backend='cublas'"):
+        m.resolved_cuda_backend()
+    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "triton")
+    with pytest.raises(ValueError, match="FASTOPS_CUDA_DEPTHWISE='triton'"):
+        fastops.nn.depthwise_conv2d.cuda_backend()
 
 
 @devices
