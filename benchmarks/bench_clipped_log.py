@@ -32,6 +32,8 @@ def main() -> None:
     if device == "cpu" and not args.fresh_pages:
         common.fair_cpu_allocation()
     sizes = [1 << 16, 1 << 20, 1 << 24] if args.quick else [1 << 16, 1 << 20, 1 << 24, 1 << 26]
+    if device == "cuda" and not args.quick:
+        sizes.append(1 << 28)  # 256M: launch and tail costs amortized, the roofline regime
     dtypes = [torch.float32, torch.bfloat16]
     min_time = 0.3 if args.quick else args.min_time
     roofline = common.copy_roofline_gbps(device, min_time=min_time)

@@ -72,7 +72,7 @@ def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[comm
     if args.quick:
         sizes = [(1 << 20,), (4096, 4096)]
     elif device == "cuda":  # large enough to reach the copy roofline
-        sizes = [(1 << 20,), (1 << 24,), (1 << 26,), (4096, 4096)]
+        sizes = [(1 << 20,), (1 << 24,), (1 << 26,), (1 << 28,), (4096, 4096)]
     else:
         sizes = [(1 << 16,), (1 << 20,), (1 << 22,), (4096, 4096)]
     for approximate in ("none", "tanh"):

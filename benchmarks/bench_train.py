@@ -27,13 +27,26 @@ from fastops.train.trainer import make_optimizer
 CONFIGS = {
     "digits": dict(in_channels=1, image_size=16, batch_size=64, width=32),
     "synthetic224": dict(in_channels=3, image_size=224, batch_size=256, width=32),
+    # Real models nobody here wrote (timm, random init, 1000 classes): swapped vs stock.
+    "mobilenetv3_large_100": dict(in_channels=3, image_size=224, batch_size=128, timm=True),
+    "efficientnet_b0": dict(in_channels=3, image_size=224, batch_size=128, timm=True),
+    "convnext_atto": dict(in_channels=3, image_size=224, batch_size=128, timm=True),
 }
 
 
 def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode: str, memory_format):  # noqa: ANN001, ANN201
     spec = CONFIGS[config]
     torch.manual_seed(0)
-    model = ConvNet(spec["in_channels"], 10, spec["image_size"], width=spec["width"], dropout=0.1)
+    num_classes = 10
+    if spec.get("timm"):
+        import timm
+
+        num_classes = 1000
+        model = timm.create_model(config, pretrained=False, num_classes=num_classes)
+    else:
+        model = ConvNet(
+            spec["in_channels"], num_classes, spec["image_size"], width=spec["width"], dropout=0.1
+        )
     if provider == "fastops":
         swap_modules(model)
     model = model.to(device, memory_format=memory_format).train()
@@ -45,7 +58,7 @@ def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode:
         spec["batch_size"], spec["in_channels"], spec["image_size"], spec["image_size"], generator=g
     )
     x = x.to(device).contiguous(memory_format=memory_format)
-    y = torch.randint(0, 10, (spec["batch_size"],), generator=g).to(device)
+    y = torch.randint(0, num_classes, (spec["batch_size"],), generator=g).to(device)
     dev = torch.device(device)
     scaler = amp.make_scaler(amp_mode, dev)
 
