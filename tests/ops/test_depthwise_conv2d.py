@@ -228,6 +228,22 @@ def test_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
         torch.set_num_threads(threads)
 
 
+# Weight gradients over many positions (N*OH*OW well above the CUDA kernel's 4096 a partition:
+# several partitions and their combine; the 7x7 case also runs two tap groups) and over none (an
+# empty batch: the zero-position path), on every device and layout.
+WGRAD_CASES = [(4, 16, 64, 64, 3, 1, 1, 1), (3, 8, 48, 48, 7, 1, 1, 3), (0, 8, 9, 9, 3, 1, 1, 1)]
+
+
+@devices
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+@pytest.mark.parametrize("case", WGRAD_CASES, ids=_ids)
+def test_weight_gradient_partitions_and_empty_batch(
+    case: tuple, layout: str, dtype: torch.dtype, device: str
+) -> None:
+    _check(case, dtype, device, layout)
+
+
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
 @pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
 def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
