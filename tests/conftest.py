@@ -1,6 +1,8 @@
-"""Test-wide setup: deterministic seeds and the device list (cpu always, cuda when present)."""
+"""Test-wide setup: deterministic seeds, our CUDA depthwise kernel in module tests, and the `large` marker."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -18,6 +20,15 @@ def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     # fastops.nn.DepthwiseConv2d falls back to cuDNN on CUDA by default; the tests are about our
     # kernels, so every module test runs them (tests of the default itself unset this).
     monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "fastops")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("FASTOPS_TEST_LARGE") == "1":
+        return
+    skip_large = pytest.mark.skip(reason="large-tensor test; set FASTOPS_TEST_LARGE=1 to run it")
+    for item in items:
+        if "large" in item.keywords:
+            item.add_marker(skip_large)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -14,11 +14,16 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 DTYPES = (torch.float32, *HALF_DTYPES)
 
-devices = pytest.mark.parametrize("device", DEVICES)
+# CUDA cases are always collected (and skipped without a GPU), so a CPU run shows what a GPU run covers.
+devices = pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))]
+)
+cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 
 # Shapes that hit every path: empty, scalar-like, below / across / far above a vector width, odd.
