@@ -21,7 +21,8 @@ DTYPES = (torch.float32, *HALF_DTYPES)
 
 # CUDA cases are always collected (and skipped without a GPU), so a CPU run shows what a GPU run covers.
 devices = pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))]
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))],
 )
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
