@@ -14,6 +14,8 @@ write y (full: 3x). The unfused pair moves 2*N*OH*OW*C*itemsize more per forward
 written and read back); that is the saving the fused op can earn.
 
     python benchmarks/bench_depthwise_separable.py [--quick] [--batch 32] [--threads N]
+
+CPU only: the fused op has no CUDA kernel, so `--device cuda` is refused rather than run on the CPU.
 """
 
 from __future__ import annotations
@@ -83,9 +85,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's default)")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
-    parser.set_defaults(min_time=0.3)
+    parser.set_defaults(min_time=0.3, device="cpu")
     args = parser.parse_args()
-    device = "cpu"  # the fused op has no CUDA kernel
+    if args.device != "cpu":
+        # Running the CPU benchmark instead would record CPU numbers under a GPU run's name.
+        parser.error(
+            f"--device {args.device}: depthwise_separable_conv2d has a CPU kernel only (no CUDA benchmark)"
+        )
+    device = "cpu"
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.fresh_pages:

@@ -1,8 +1,10 @@
-"""Test-wide setup: deterministic seeds, our CUDA depthwise kernel in module tests, and the `large` marker."""
+"""Test-wide setup: deterministic seeds, true fp32 in cuDNN/cuBLAS, our CUDA depthwise kernel in module
+tests, and the `large` marker."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,6 +15,16 @@ import fastops  # noqa: F401  (loads the kernels once, JIT-compiling in a source
 @pytest.fixture(autouse=True)
 def _seed_everything() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32() -> Iterator[None]:
+    # Every expected value that cuDNN or cuBLAS computes in fp32 must be true fp32: cuDNN convs default
+    # to TF32 (10-bit mantissa), which would make an fp32 comparison measure TF32's error, not ours.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.fixture(autouse=True)

@@ -25,6 +25,18 @@ devices = pytest.mark.parametrize(
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device"))],
 )
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+# More elements than a 32-bit index holds, plus a tail that is not a whole 16-byte vector.
+LARGE_NUMEL = (1 << 31) + 4099
+
+
+def spot_slices(n: int, width: int = 1 << 16, edge: int = 1 << 31) -> list[slice]:
+    """Where a result of n > 2^31 elements goes wrong if an index is 32 bits: the start, both sides of
+    element 2^31 (`edge`: where it falls along a dimension that is not the flat one), and the tail.
+    (Checking all of it in float64 would not fit next to the result.)"""
+    assert edge < n, "the tensor does not reach the edge it is meant to test"
+    return [slice(0, width), slice(edge - width, min(n, edge + width)), slice(n - width, n)]
+
+
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 
 # Shapes that hit every path: empty, scalar-like, below / across / far above a vector width, odd.

@@ -58,7 +58,7 @@ sanitize)
   done
   ;;
 bench)
-  # depthwise_separable_conv2d has no CUDA kernel (CPU only), so it has no CUDA benchmark.
+  # depthwise_separable_conv2d has no CUDA kernel (CPU only): its benchmark refuses --device cuda.
   for bench in ${FASTOPS_BENCHES:-clipped_log gelu adam depthwise}; do
     timeout ${BENCH_TIMEOUT:-130} $PY -m "benchmarks.bench_$bench" --device cuda --out "$work" --min-time 0.3 "$@" >"$work/bench_$bench.log" 2>&1
     echo "bench_$bench: rc=$?"; tail -n 25 "$work/bench_$bench.log"

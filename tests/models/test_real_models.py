@@ -2,7 +2,7 @@
 
 For MobileNetV3, EfficientNet and ConvNeXt, ``fastops.swap_modules`` must (1) replace what it
 claims to (depthwise convs, GELUs), (2) give outputs and parameter gradients as close to the
-float64 model as the stock model's are, in fp32 (TF32 off) and under bf16 autocast (the 2x rule
+float64 model as the stock model's are, in fp32 (TF32 off: tests/conftest.py) and under bf16 autocast (the 2x rule
 on relative norms), and (3) train: 50 steps of FusedAdamW on the swapped model follow the stock
 model with torch.optim.AdamW. Skipped where timm is not installed.
 """
@@ -37,15 +37,6 @@ EXPECTED_SWAPS = {
 def _sizes(device: str) -> tuple[int, int]:
     """(batch, image side): realistic on the GPU, small enough for two CPU cores."""
     return (8, 128) if device == "cuda" else (4, 64)
-
-
-@pytest.fixture(autouse=True)
-def _no_tf32():  # noqa: ANN202
-    # fp32 must mean fp32 on both sides: cuDNN/cuBLAS default to TF32 for convs.
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _make(name: str, device: str) -> tuple[nn.Module, nn.Module]:

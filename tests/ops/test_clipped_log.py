@@ -11,11 +11,14 @@ import fastops
 from fastops import reference
 from tests.helpers import (
     DEVICES,
+    LARGE_NUMEL,
     SHAPES,
     assert_close_to_reference,
+    cuda_only,
     devices,
     dtypes,
     layouts,
+    spot_slices,
 )
 
 MODES = pytest.mark.parametrize("straight_through", [True, False], ids=["straight", "exact"])
@@ -232,3 +235,22 @@ def test_cuda_large_tensor_tail_and_unaligned() -> None:
     base = torch.rand(n + 1, device="cuda") - 0.1
     for x in (base[:n], base[1:]):  # aligned with a tail, and 4 bytes off 16-byte alignment
         torch.testing.assert_close(fastops.clipped_log(x), torch.log(torch.clamp(x, min=1e-6)))
+
+
+@pytest.mark.large
+@cuda_only
+def test_cuda_more_than_2_31_elements() -> None:
+    """Forward and backward on a bf16 tensor past 2^31 elements, against float64 at the start, across
+    element 2^31 and at the tail."""
+    eps = _eps_for(torch.bfloat16)
+    x = torch.rand(LARGE_NUMEL, device="cuda", dtype=torch.bfloat16) * 4 - 1  # a quarter below eps
+    g = torch.randn_like(x)
+    y = fastops.clipped_log(x, eps)
+    dx = torch.ops.fastops.clipped_log_backward(g, x, eps, True)
+    for s in spot_slices(x.numel()):
+        x64 = x[s].double().requires_grad_(True)
+        y64 = reference.clipped_log(x64, eps)
+        (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
+        clamped = torch.clamp(x[s], min=eps)
+        assert_close_to_reference(y[s], y64.detach(), eager=torch.log(clamped))
+        assert_close_to_reference(dx[s], dx64, eager=g[s] / clamped, factor=3.0)

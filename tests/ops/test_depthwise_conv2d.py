@@ -11,15 +11,14 @@ from torch import nn
 
 import fastops
 from fastops import reference
-from tests.helpers import DEVICES, assert_close_to_reference, devices
+from tests.helpers import DEVICES, assert_close_to_reference, cuda_only, devices, spot_slices
 
 # ---- sample inputs -----------------------------------------------------------------------------------
 
 
 def _case_grid() -> list[tuple]:
     """(N, C, H, W, k, stride, dilation, padding): every k, stride, dilation and padding kind at least
-    once with each other axis, sampled (not the full cross product) to keep the suite fast; plus the
-    edge cases: batch 1, empty batch, H or W smaller than k, C not a multiple of 8, asymmetric pads."""
+    once with each other axis, sampled (not the full cross product) to keep the suite fast."""
     rng = random.Random(5)
     cases = []
     for k in (1, 3, 5, 7, 9):
@@ -36,18 +35,22 @@ def _case_grid() -> list[tuple]:
                     h = rng.randint(low, low + 9)
                     w = rng.randint(low, low + 9)
                     cases.append((n, c, h, w, k, stride, dilation, pad))
-    cases += [
-        (0, 4, 9, 9, 3, 1, 1, 1),  # empty batch
-        (1, 9, 2, 11, 5, 1, 1, 2),  # H smaller than k
-        (2, 6, 8, 3, 7, 2, 1, 3),  # W smaller than k, stride 2
-        (1, 33, 15, 14, (3, 5), (2, 1), (1, 2), (1, 3)),  # rectangular everything
-        (2, 40, 16, 16, 3, 2, 1, 1),  # C a multiple of 8 with a vector tail (40 = 2*16 + 8)
-        (1, 70, 7, 7, 3, 1, 1, 1),  # the NHWC 4-vector channel block plus a tail
-        (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
-        (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
-    ]
-    return cases + VECTOR_CASES
+    return cases
 
+
+# Batch 1, empty batch, H or W smaller than k, rectangular kernels, C not a multiple of 8,
+# asymmetric padding: each is a separate path on some device, so every dtype runs all of them.
+EDGE_CASES = [
+    (0, 4, 9, 9, 3, 1, 1, 1),  # empty batch
+    (1, 9, 2, 11, 5, 1, 1, 2),  # H smaller than k
+    (2, 6, 8, 3, 7, 2, 1, 3),  # W smaller than k, stride 2
+    (1, 33, 15, 14, (3, 5), (2, 1), (1, 2), (1, 3)),  # rectangular everything
+    (2, 40, 16, 16, 3, 2, 1, 1),  # C a multiple of 8 with a vector tail (40 = 2*16 + 8)
+    (1, 70, 7, 7, 3, 1, 1, 1),  # the NHWC 4-vector channel block plus a tail
+    (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
+    (2, 5, 9, 11, (2, 4), 1, (2, 1), "same"),  # rectangular even kernel, asymmetric on both axes
+    (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
+]
 
 # C a multiple of 8: the channels_last 16-byte vector kernels on CUDA, each compile-time body
 # (3x3, 5x5, 7x7, generic) with stride 1 and 2, dilation and asymmetric padding.
@@ -61,7 +64,8 @@ VECTOR_CASES = [
 ]
 
 
-CASES = _case_grid()
+GRID_CASES = _case_grid()
+CASES = GRID_CASES + EDGE_CASES + VECTOR_CASES
 LAYOUTS = ("contiguous", "channels_last", "sliced")
 
 
@@ -151,11 +155,13 @@ def test_matches_conv2d_float64(case: tuple, layout: str) -> None:
     _check(case, torch.float64, "cpu", layout)
 
 
-# A sample of the grid for the lower precisions (every 3rd case, rotating the layout), plus every
-# vector-kernel case in channels_last.
-_HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])] + [
-    (c, "channels_last") for c in VECTOR_CASES
-]
+# A sample of the grid for the lower precisions (every 3rd case, rotating the layout), every edge case
+# in each layout, and every vector-kernel case in channels_last.
+_HALF_CASES = (
+    [(c, LAYOUTS[i % 3]) for i, c in enumerate(GRID_CASES[::3])]
+    + [(c, layout) for c in EDGE_CASES for layout in LAYOUTS]
+    + [(c, "channels_last") for c in VECTOR_CASES]
+)
 
 
 @devices
@@ -164,12 +170,7 @@ _HALF_CASES = [(c, LAYOUTS[i % 3]) for i, c in enumerate(CASES[::3])] + [
     ("case", "layout"), _HALF_CASES, ids=lambda v: _ids(v) if isinstance(v, tuple) else v
 )
 def test_matches_conv2d_low_precision(device: str, dtype: torch.dtype, case: tuple, layout: str) -> None:
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False  # the eager fp32 reference must be true fp32 on CUDA
-    try:
-        _check(case, dtype, device, layout)
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
+    _check(case, dtype, device, layout)
 
 
 @devices
@@ -411,6 +412,52 @@ def test_module_rejects_non_depthwise() -> None:
         fastops.nn.DepthwiseConv2d.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
         fastops.nn.DepthwiseConv2d(4, 3, stride=2, padding="same")
+
+
+@pytest.mark.large
+@cuda_only
+@pytest.mark.parametrize("layout", ("channels_last", "contiguous"))
+def test_cuda_more_than_2_31_elements(layout: str) -> None:
+    """bf16 forward, input and weight gradients on an input past 2^31 elements (N*C*H*W; every
+    per-sample plane is small, so only the batch offset outgrows 32 bits). Output and grad_x are
+    checked against float64 on samples at the start, across element 2^31 and at the end; grad_weight
+    and grad_bias (sums over all 2^31 positions) in full, chunk by chunk in float64."""
+    n, c, h, w = 10701, 64, 56, 56  # 2^31 + 249856 elements
+    args = ([1, 1], [1, 1, 1, 1], [1, 1])
+    x = _layout(torch.randn(n, c, h, w, device="cuda", dtype=torch.bfloat16), layout)
+    weight = torch.randn(c, 1, 3, 3, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn_like(x)
+    y = torch.ops.fastops.depthwise_conv2d(x, weight, None, *args)
+    dx = torch.ops.fastops.depthwise_conv2d_backward_input(
+        g, weight, list(x.shape), *args, layout == "channels_last"
+    )
+    dw, db = torch.ops.fastops.depthwise_conv2d_backward_weight(g, x, [3, 3], *args)
+    w64 = weight.double()
+    for s in spot_slices(n, width=2, edge=(1 << 31) // (c * h * w)):
+        x64 = x[s].double().requires_grad_(True)
+        y64 = reference.depthwise_conv2d(x64, w64, None, 1, 1, 1)
+        (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
+        eager_y = reference.depthwise_conv2d(x[s], weight, None, 1, 1, 1)
+        eager_dx = torch.nn.grad.conv2d_input(x[s].shape, weight, g[s], 1, 1, 1, c)
+        assert_close_to_reference(y[s], y64.detach(), eager=eager_y)
+        assert_close_to_reference(dx[s], dx64, eager=eager_dx, factor=3.0)
+    del y, dx
+    want_w = torch.zeros(c, 1, 3, 3, dtype=torch.float64, device="cuda")
+    abs_w = torch.zeros_like(want_w)
+    want_b = torch.zeros(c, dtype=torch.float64, device="cuda")
+    abs_b = torch.zeros_like(want_b)
+    for r in range(0, n, 256):
+        xs, gs = x[r : r + 256].double(), g[r : r + 256].double()
+        want_w += torch.nn.grad.conv2d_weight(xs, w64.shape, gs, 1, 1, 1, c)
+        abs_w += torch.nn.grad.conv2d_weight(xs.abs(), w64.shape, gs.abs(), 1, 1, 1, c)
+        want_b += gs.sum((0, 2, 3))
+        abs_b += gs.abs().sum((0, 2, 3))
+    # fp32 partial sums over 2^31 / 64 positions a channel, then one bf16 rounding.
+    for name, got, want, abs_sum in (("grad_weight", dw, want_w, abs_w), ("grad_bias", db, want_b, abs_b)):
+        err = (got.double() - want).abs()
+        assert (err <= 2**-8 * want.abs() + 1e-5 * abs_sum).all(), (
+            f"{name}: worst error {err.max().item():.3e}"
+        )
 
 
 # ---- errors ------------------------------------------------------------------------------------------

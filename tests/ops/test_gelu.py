@@ -12,11 +12,14 @@ import fastops
 from fastops import reference
 from tests.helpers import (
     DEVICES,
+    LARGE_NUMEL,
     SHAPES,
     assert_close_to_reference,
+    cuda_only,
     devices,
     dtypes,
     layouts,
+    spot_slices,
 )
 
 FORMS = pytest.mark.parametrize("approximate", ["none", "tanh"])
@@ -427,3 +430,97 @@ def test_cuda_large_tensor_tail_and_unaligned() -> None:
         reference.bias_gelu(x64, b64).sum().backward()
         torch.testing.assert_close(xg.grad, x64.grad.float())
         torch.testing.assert_close(bg.grad, b64.grad.float(), rtol=1e-5, atol=1e-3)
+
+
+@devices
+@dtypes
+def test_bias_gelu_unaligned_bias(device: str, dtype: torch.dtype) -> None:
+    """x 16-byte aligned with a vector-multiple row, bias one element off alignment: the kernels must
+    take the element path for the whole launch (the vector path would read bias misaligned)."""
+    x = _sample((37, 64), dtype, device)
+    storage = torch.randn(65, dtype=torch.float64).to(dtype=dtype, device=device)
+    bias = storage[1:]
+    assert x.data_ptr() % 16 == 0 and bias.data_ptr() % 16 != 0
+    for approximate in ("none", "tanh"):
+        y, (grad_x, grad_b), g = _grads(lambda t, b: fastops.bias_gelu(t, b, approximate), x, bias)  # noqa: B023
+        x64, b64 = x.double().requires_grad_(True), bias.double().requires_grad_(True)
+        y64 = reference.bias_gelu(x64, b64, approximate)
+        grad64, gradb64 = torch.autograd.grad(y64, (x64, b64), g.double())
+        eager = [None, None, None]
+        if dtype in HALF:
+            ey, (eg, egb), _ = _grads(lambda t, b: F.gelu(t + b, approximate=approximate), x, bias)  # noqa: B023
+            eager = [ey, eg, egb]
+        _check(y, y64.detach(), eager[0], 2.0, f"{approximate}, forward")
+        _check(grad_x, grad64, eager[1], 3.0, f"{approximate}, grad_x")
+        if dtype == torch.float32:
+            assert_close_to_reference(grad_b, gradb64, rtol=1e-5, atol=1e-4)
+        else:
+            _check(grad_b, gradb64, eager[2], 3.0, f"{approximate}, grad_bias")
+
+
+@cuda_only
+def test_cuda_bias_gelu_rows_past_the_grid_limit() -> None:
+    """More rows than 65535 row blocks cover (4-wide rows: 128 rows a block), so the forward's grid-y
+    is clamped and every thread strides over rows; the backward's 256 row blocks stride far more."""
+    rows = 65535 * 128 + 4099
+    for start in (0, 1):  # bias aligned (vector path) and one element off (element path)
+        x = torch.randn(rows, 4, device="cuda") * 3
+        bias = torch.randn(5, device="cuda")[start : start + 4]
+        g = torch.randn_like(x)
+        y = fastops.bias_gelu(x, bias)
+        grad_x, grad_b = torch.ops.fastops.bias_gelu_backward(g, x, bias, "none")
+        x64, b64 = x.double().requires_grad_(True), bias.double().requires_grad_(True)
+        y64 = reference.bias_gelu(x64, b64)
+        grad64, gradb64 = torch.autograd.grad(y64, (x64, b64), g.double())
+        assert_close_to_reference(y, y64.detach())
+        assert_close_to_reference(grad_x, grad64)
+        # grad_bias sums 8.4M fp32 terms (grad64's rows) a column: bound it by their absolute sum.
+        err = (grad_b.double() - gradb64).abs()
+        assert (err <= 2e-5 * grad64.abs().sum(0)).all(), f"grad_bias: {grad_b} vs {gradb64}"
+
+
+@pytest.mark.large
+@cuda_only
+def test_cuda_more_than_2_31_elements() -> None:
+    """gelu forward/backward and bias_gelu forward/backward on bf16 tensors past 2^31 elements, checked
+    against float64 at the start, across element 2^31 and at the tail; grad_bias in full."""
+    x = torch.randn(LARGE_NUMEL, device="cuda", dtype=torch.bfloat16) * 3
+    g = torch.randn_like(x)
+    y = fastops.gelu(x)
+    dx = torch.ops.fastops.gelu_backward(g, x, "none")
+    for s in spot_slices(x.numel()):
+        x64 = x[s].double().requires_grad_(True)
+        y64 = reference.gelu(x64)
+        (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
+        _check(y[s], y64.detach(), F.gelu(x[s]), 2.0, f"gelu forward {s}")
+        _check(dx[s], dx64, torch.ops.aten.gelu_backward(g[s], x[s]), 3.0, f"gelu backward {s}")
+    del y, dx
+    cols = 4096  # rows of whole 16-byte vectors: the vector kernels, past 2^31 elements
+    rows = LARGE_NUMEL // cols + 1
+    del x, g
+    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(cols, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn_like(x)
+    y = fastops.bias_gelu(x, bias)
+    dx, db = torch.ops.fastops.bias_gelu_backward(g, x, bias, "none")
+    for s in spot_slices(rows, width=16, edge=(1 << 31) // cols):
+        x64, b64 = x[s].double().requires_grad_(True), bias.double().requires_grad_(True)
+        y64 = reference.bias_gelu(x64, b64)
+        (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
+        _check(y[s], y64.detach(), F.gelu(x[s] + bias), 2.0, f"bias_gelu forward rows {s}")
+        eager_dx = torch.ops.aten.gelu_backward(g[s], x[s] + bias)
+        _check(dx[s], dx64, eager_dx, 3.0, f"bias_gelu grad_x rows {s}")
+    # grad_bias over all rows, in float64 chunk by chunk, bounded by the terms' absolute sum.
+    want = torch.zeros(cols, dtype=torch.float64, device="cuda")
+    abs_sum = torch.zeros_like(want)
+    for r in range(0, rows, 1 << 15):
+        x64 = x[r : r + (1 << 15)].double().requires_grad_(True)
+        (terms,) = torch.autograd.grad(
+            reference.bias_gelu(x64, bias.double()), x64, g[r : r + (1 << 15)].double()
+        )
+        want += terms.sum(0)
+        abs_sum += terms.abs().sum(0)
+    err = (db.double() - want).abs()
+    assert (err <= 2**-8 * want.abs() + 1e-5 * abs_sum).all(), (
+        f"grad_bias: worst error {err.max().item():.3e}"
+    )
