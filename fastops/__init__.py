@@ -6,6 +6,7 @@ Public API:
   depthwise_separable_conv2d      depthwise conv + 1x1 conv fused on the CPU (channels_last tiles)
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
+  register_swap_rule              teach swap_modules a rule of your own (SwapRule, PairRule)
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
   fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
@@ -21,7 +22,7 @@ from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  # noqa: E402
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
-from fastops.swap import swap_modules  # noqa: E402
+from fastops.swap import PairRule, SwapRule, register_swap_rule, swap_modules  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -36,5 +37,8 @@ __all__ = [
     "ops",
     "optim",
     "reference",
+    "register_swap_rule",
     "swap_modules",
+    "PairRule",
+    "SwapRule",
 ]

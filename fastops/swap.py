@@ -1,7 +1,7 @@
 """swap_modules: replace stock PyTorch modules of a live model with their fastops twins, in place.
 
-What is swapped (each replacement reuses the original's Parameter objects, so ``state_dict`` keys,
-optimizer state and checkpoints are unchanged and the outputs agree with the original's):
+What is swapped is decided by swap rules, which each ``fastops.nn`` module registers next to its own
+class (a user can register rules for their own modules with :func:`register_swap_rule`). Built in:
 
 * ``nn.GELU``                                   -> ``fastops.nn.GELU``
 * depthwise ``nn.Conv2d`` (groups == in == out channels, zero padding) -> ``fastops.nn.DepthwiseConv2d``
@@ -10,20 +10,75 @@ optimizer state and checkpoints are unchanged and the outputs agree with the ori
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
 
-The returned :class:`SwapReport` lists every replacement (qualified name, old type, new type) and
-every module that looked like a candidate but was left alone (with the reason), and can undo the
-swap: ``report.undo()`` puts the original module objects back, which still hold the same
-Parameters, so training done between swap and undo is kept.
+Each replacement reuses the original's Parameter objects, so ``state_dict`` keys, optimizer state
+and checkpoints are unchanged and the outputs agree with the original's. The returned
+:class:`SwapReport` lists every replacement (qualified name, old type, new type) and every module
+that looked like a candidate but was left alone (with the reason), and can undo the swap:
+``report.undo()`` puts the original module objects back, which still hold the same Parameters, so
+training done between swap and undo is kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 
 FilterFn = Callable[[nn.Module, str], bool]
+
+
+@dataclass(frozen=True)
+class SwapRule:
+    """How one kind of torch module becomes its fastops twin.
+
+    ``matches(m)``: m is a module this rule is about. ``skip_reason(m)``: None when the twin can take
+    m over, else why not (the module is then listed in ``SwapReport.skipped``). ``replace(m)``: the
+    twin, sharing m's Parameter objects. Rules are tried in registration order; the first that
+    matches decides. Match exact types unless the rule knows a subclass's forward is unchanged: a
+    swap must never silently drop behaviour.
+    """
+
+    name: str
+    matches: Callable[[nn.Module], bool]
+    # Any: each rule's functions take the module type its matches() has selected.
+    replace: Callable[[Any], nn.Module]
+    skip_reason: Callable[[Any], str | None] = lambda m: None
+
+
+@dataclass(frozen=True)
+class PairRule:
+    """Two adjacent children of an ``nn.Sequential`` fused into one module: ``replace(first, second)``
+    goes at the first's index and ``nn.Identity`` at the second's, so the indices (and state_dict
+    keys) stay put. ``filter_fn`` is asked about the first. Tried before the single-module rules."""
+
+    name: str
+    matches: Callable[[nn.Module, nn.Module], bool]
+    replace: Callable[[Any, Any], nn.Module]
+
+
+_RULES: list[SwapRule] = []
+_PAIR_RULES: list[PairRule] = []
+
+
+def register_swap_rule(rule: SwapRule | PairRule) -> None:
+    """Add a rule for :func:`swap_modules` (a rule of the same name is replaced, so re-registering
+    on a module reload does not duplicate it)."""
+    if not isinstance(rule, (SwapRule, PairRule)):
+        raise TypeError(
+            f"fastops.register_swap_rule: expected a SwapRule or PairRule, got {type(rule).__name__}"
+        )
+    rules: list[Any] = _PAIR_RULES if isinstance(rule, PairRule) else _RULES
+    rules[:] = [r for r in rules if r.name != rule.name]
+    rules.append(rule)
+
+
+def swap_rules() -> list[SwapRule | PairRule]:
+    """Every registered rule: the pair rules (tried first), then the single-module rules."""
+    import fastops.nn  # noqa: F401  (each fastops.nn module registers its rules on import)
+
+    return [*_PAIR_RULES, *_RULES]
 
 
 @dataclass(frozen=True)
@@ -94,15 +149,6 @@ def _qualify(prefix: str, attr: str) -> str:
     return f"{prefix}.{attr}" if prefix else attr
 
 
-def _depthwise_skip_reason(conv: nn.Conv2d) -> str | None:
-    """None when conv is a depthwise conv that fastops.nn.DepthwiseConv2d can take over."""
-    if not (conv.groups == conv.in_channels == conv.out_channels):
-        return "not depthwise"  # a dense or grouped conv: not a candidate at all
-    if conv.padding_mode != "zeros":
-        return f"padding_mode={conv.padding_mode!r} (only 'zeros' is supported)"
-    return None
-
-
 def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> SwapReport:
     """Swap, in place, the stock modules of ``model`` that fastops has fused twins for.
 
@@ -119,13 +165,9 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
     Swap before wrapping the model in DDP / torch.compile and before building the optimizer is the
     simplest order, but because Parameters are reused an existing optimizer keeps working too.
     """
-    import fastops.nn as fnn
-
-    # Each kind is swapped when this build of fastops has its module (all do in a release).
-    gelu_cls = getattr(fnn, "GELU", None)
-    dw_cls = getattr(fnn, "DepthwiseConv2d", None)
-    linear_gelu_cls = getattr(fnn, "LinearGELU", None)
-
+    rules = swap_rules()
+    pair_rules = [r for r in rules if isinstance(r, PairRule)]
+    single_rules = [r for r in rules if isinstance(r, SwapRule)]
     if not isinstance(model, nn.Module):
         raise TypeError(f"fastops.swap_modules: expected an nn.Module, got {type(model).__name__}")
     keep = filter_fn if filter_fn is not None else (lambda m, n: True)
@@ -138,36 +180,29 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
 
     def visit(parent: nn.Module, prefix: str) -> None:
         children = list(parent.named_children())
-        fused: set[str] = set()  # attrs of Linear->GELU pairs of a Sequential, already replaced
+        fused: set[str] = set()  # attrs of the Sequential's children already replaced by a pair rule
         if isinstance(parent, nn.Sequential):
             for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
-                if (
-                    linear_gelu_cls is not None
-                    and type(m) is nn.Linear
-                    and type(nxt) is nn.GELU
-                    and attr not in fused
-                    and keep(m, _qualify(prefix, attr))
-                ):
-                    replace(parent, attr, _qualify(prefix, attr), m, linear_gelu_cls.from_torch(m, nxt))
+                if attr in fused:
+                    continue
+                pair = next((r for r in pair_rules if r.matches(m, nxt)), None)
+                if pair is not None and keep(m, _qualify(prefix, attr)):
+                    replace(parent, attr, _qualify(prefix, attr), m, pair.replace(m, nxt))
                     replace(parent, next_attr, _qualify(prefix, next_attr), nxt, nn.Identity())
                     fused.update((attr, next_attr))
         for attr, m in children:
             name = _qualify(prefix, attr)
             if attr in fused:
                 continue
-            # Exact types only: a subclass may override forward(), which a swap would silently drop.
-            if type(m) is nn.GELU and gelu_cls is not None:
-                if keep(m, name):
-                    replace(parent, attr, name, m, gelu_cls.from_torch(m))
-            elif type(m) is nn.Conv2d and dw_cls is not None:
-                reason = _depthwise_skip_reason(m)
-                if reason is None:
-                    if keep(m, name):
-                        replace(parent, attr, name, m, dw_cls.from_torch(m))
-                elif reason != "not depthwise":
-                    report.skipped.append(Skipped(name, _type_name(m), reason))
-            else:
+            rule = next((r for r in single_rules if r.matches(m)), None)
+            if rule is None:
                 visit(m, name)
+                continue
+            reason = rule.skip_reason(m)
+            if reason is not None:
+                report.skipped.append(Skipped(name, _type_name(m), reason))
+            elif keep(m, name):
+                replace(parent, attr, name, m, rule.replace(m))
 
     visit(model, "")
     return report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -131,3 +132,49 @@ def test_rejects_non_modules() -> None:
         assert "expected an nn.Module" in str(e)
     else:
         raise AssertionError("expected a TypeError")
+
+
+class Softplus2(nn.Module):
+    """A user's own activation, for which the user registers a swap rule."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.softplus(x) * 2
+
+
+class FusedSoftplus2(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.softplus(x).mul(2)
+
+
+def test_user_registered_rules() -> None:
+    from fastops.swap import _RULES, SwapRule, register_swap_rule, swap_rules
+
+    saved = list(_RULES)
+    try:
+        rule = SwapRule(
+            "softplus2",
+            matches=lambda m: type(m) is Softplus2,
+            replace=lambda m: FusedSoftplus2(),
+            skip_reason=lambda m: "kept on purpose" if getattr(m, "keep", False) else None,
+        )
+        register_swap_rule(rule)
+        register_swap_rule(rule)
+        assert sum(getattr(r, "name", "") == "softplus2" for r in swap_rules()) == 1  # replaced, not doubled
+        model = nn.Sequential(Softplus2(), nn.Sequential(Softplus2()), nn.GELU())
+        report = fastops.swap_modules(model)
+        assert [type(m) for m in (model[0], model[1][0], model[2])] == [
+            FusedSoftplus2,
+            FusedSoftplus2,
+            fastops.nn.GELU,
+        ]
+        assert [r.name for r in report.replaced] == ["0", "1.0", "2"]
+        kept = Softplus2()
+        kept.keep = True
+        report = fastops.swap_modules(nn.Sequential(kept))
+        assert not report.replaced and [(s.name, s.reason) for s in report.skipped] == [
+            ("0", "kept on purpose")
+        ]
+        with pytest.raises(TypeError, match=r"expected a SwapRule or PairRule"):
+            register_swap_rule(lambda m: True)  # type: ignore[arg-type]
+    finally:
+        _RULES[:] = saved

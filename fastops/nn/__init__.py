@@ -1,7 +1,8 @@
-"""nn.Module wrappers of the fastops ops."""
+"""nn.Module wrappers of the fastops ops; each module file also registers its swap rule."""
 
 from fastops.nn.clipped_log import ClippedLog
-from fastops.nn.depthwise_conv2d import DepthwiseConv2d, DepthwiseSeparableConv2d
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d
+from fastops.nn.depthwise_separable_conv2d import DepthwiseSeparableConv2d
 from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
 
 __all__ = ["BiasGELU", "ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "GELU", "LinearGELU"]

@@ -1,5 +1,5 @@
-"""fastops.nn.DepthwiseConv2d and DepthwiseSeparableConv2d: module faces of fastops.depthwise_conv2d,
-parameter-for-parameter compatible with nn.Conv2d(groups=C) and with the depthwise -> 1x1 pair."""
+"""fastops.nn.DepthwiseConv2d: the module face of fastops.depthwise_conv2d, parameter-for-parameter
+compatible with nn.Conv2d(groups=C), and its swap rule for depthwise nn.Conv2d."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fastops.ops.depthwise_conv2d import _pair, depthwise_conv2d, resolve_padding
-from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
+from fastops.nn._twin import share_parameters
+from fastops.ops._validate import int_pair, resolve_padding
+from fastops.ops.depthwise_conv2d import depthwise_conv2d
+from fastops.swap import SwapRule, register_swap_rule
 
-
-def _kernel_pair(kernel_size: int | Sequence[int]) -> tuple[int, int]:
-    return _pair("kernel_size", kernel_size, 1)
+_OP = "depthwise_conv2d"  # argument errors name the op the module runs
 
 
 CUDA_BACKENDS = ("cudnn", "fastops")
@@ -68,15 +68,13 @@ class DepthwiseConv2d(nn.Module):
                 f"fastops.nn.DepthwiseConv2d: expected channels to be an int >= 1, got {channels!r}"
             )
         self.channels = channels
-        self.kernel_size = _kernel_pair(kernel_size)
-        self.stride = _pair("stride", stride, 1)
-        self.dilation = _pair("dilation", dilation, 1)
+        self.kernel_size = int_pair(_OP, "kernel_size", kernel_size, 1)
+        self.stride = int_pair(_OP, "stride", stride, 1)
+        self.dilation = int_pair(_OP, "dilation", dilation, 1)
         self.padding: tuple[int, int] | str = (
-            padding if isinstance(padding, str) else _pair("padding", padding, 0)
+            padding if isinstance(padding, str) else int_pair(_OP, "padding", padding, 0)
         )
-        resolve_padding(
-            self.padding, self.kernel_size, self.stride, self.dilation
-        )  # validates "same"/"valid"
+        resolve_padding(_OP, self.padding, self.kernel_size, self.stride, self.dilation)  # validates "same"
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(channels, 1, *self.kernel_size, **factory))
         self.bias = nn.Parameter(torch.empty(channels, **factory)) if bias else None
@@ -122,130 +120,38 @@ class DepthwiseConv2d(nn.Module):
                 f"fastops.nn.DepthwiseConv2d.from_torch: expected an nn.Conv2d, got {type(conv).__name__}"
             )
         c = conv.in_channels
-        if conv.groups != c or conv.out_channels != c:
+        if not (conv.groups == c == conv.out_channels):
             raise ValueError(
                 "fastops.nn.DepthwiseConv2d.from_torch: expected a depthwise conv (groups == in_channels == "
                 f"out_channels), got in_channels={c}, out_channels={conv.out_channels}, groups={conv.groups}"
             )
-        if conv.padding_mode != "zeros":
-            raise ValueError(
-                "fastops.nn.DepthwiseConv2d.from_torch: only padding_mode='zeros' is supported, got "
-                f"{conv.padding_mode!r}"
-            )
+        reason = _skip_reason(conv)
+        if reason is not None:
+            raise ValueError(f"fastops.nn.DepthwiseConv2d.from_torch: {reason}")
         padding = conv.padding if isinstance(conv.padding, str) else tuple(conv.padding)
         m = cls(
             c, conv.kernel_size, conv.stride, padding, conv.dilation, conv.bias is not None, device="meta"
         )
-        m.weight = conv.weight  # type: ignore[assignment]  # the same Parameter object
-        m.bias = conv.bias  # type: ignore[assignment]
+        share_parameters(m, conv)
         return m
 
 
-class DepthwiseSeparableConv2d(nn.Module):
-    """``depthwise`` (fastops DepthwiseConv2d, k x k, groups=C) then ``pointwise`` (nn.Conv2d 1x1).
-
-    State-dict keys are ``depthwise.weight``, ``depthwise.bias``, ``pointwise.weight`` and
-    ``pointwise.bias`` with nn.Conv2d shapes; a state dict of ``nn.Sequential(depthwise_conv, conv1x1)``
-    (keys ``0.*`` / ``1.*``) loads as well.
-
-    Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
-    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory; measured
-    1.16-1.69x (geomean 1.41x) faster than the pair on MobileNetV2 shapes, fp32, one thread; 1.31x
-    with two (benchmarks/results/depthwise_separable_conv2d_cpu*.md). When autograd records, the pair
-    runs: the fused op's backward recomputes the depthwise output, and forward+backward measured no
-    faster (geomean 0.99x one thread, 0.94x two). Any other input (NCHW; CUDA, which has no fused kernel) runs the
-    fastops depthwise kernel then the 1x1 through ATen (a GEMM on channels_last data): feed
-    channels_last input for the fast path.
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int | Sequence[int],
-        stride: int | Sequence[int] = 1,
-        padding: int | Sequence[int] | str = 0,
-        dilation: int | Sequence[int] = 1,
-        bias: bool = True,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.depthwise = DepthwiseConv2d(
-            in_channels, kernel_size, stride, padding, dilation, bias, device=device, dtype=dtype
-        )
-        self.pointwise = nn.Conv2d(in_channels, out_channels, 1, bias=bias, device=device, dtype=dtype)
-        self._register_load_state_dict_pre_hook(_accept_sequential_keys)
-
-    def forward(self, x: Tensor) -> Tensor:
-        dw, pw = self.depthwise, self.pointwise
-        if _fusable(x, dw, pw):
-            return depthwise_separable_conv2d(
-                x, dw.weight, dw.bias, pw.weight, pw.bias, dw.stride, dw.padding, dw.dilation
-            )
-        return pw(dw(x))
-
-    @classmethod
-    def from_torch(cls, module: nn.Module) -> DepthwiseSeparableConv2d:
-        """From ``nn.Sequential(depthwise nn.Conv2d, 1x1 nn.Conv2d)`` or any module with ``depthwise``
-        and ``pointwise`` nn.Conv2d children, sharing their Parameter objects."""
-        dw: object
-        pw: object
-        if isinstance(module, nn.Sequential) and len(module) == 2:
-            dw, pw = module[0], module[1]
-        elif hasattr(module, "depthwise") and hasattr(module, "pointwise"):
-            dw, pw = module.depthwise, module.pointwise
-        else:
-            raise TypeError(
-                "fastops.nn.DepthwiseSeparableConv2d.from_torch: expected nn.Sequential(depthwise conv, 1x1 conv) "
-                f"or a module with .depthwise and .pointwise, got {type(module).__name__}"
-            )
-        if not isinstance(pw, nn.Conv2d) or pw.kernel_size != (1, 1) or pw.groups != 1:
-            raise ValueError(
-                "fastops.nn.DepthwiseSeparableConv2d.from_torch: expected the pointwise conv to be a 1x1 nn.Conv2d"
-            )
-        if not isinstance(dw, (DepthwiseConv2d, nn.Conv2d)):
-            raise TypeError(
-                "fastops.nn.DepthwiseSeparableConv2d.from_torch: expected the depthwise conv to be an nn.Conv2d, "
-                f"got {type(dw).__name__}"
-            )
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        m.depthwise = dw if isinstance(dw, DepthwiseConv2d) else DepthwiseConv2d.from_torch(dw)
-        m.pointwise = pw
-        m._register_load_state_dict_pre_hook(_accept_sequential_keys)
-        return m
+def _is_depthwise(m: nn.Module) -> bool:
+    # Exact type: a subclass may override forward(), which the swap would silently drop.
+    return type(m) is nn.Conv2d and m.groups == m.in_channels == m.out_channels
 
 
-def _fusable(x: Tensor, dw: nn.Module, pw: nn.Module) -> bool:
-    """Whether the fused CPU kernel computes exactly what ``pw(dw(x))`` would: channels_last CPU input
-    (the layout the kernel is fast in; fastops.depthwise_conv2d's rule for "channels_last"), a plain
-    1x1 nn.Conv2d with nothing that its own forward or hooks would add; and only when no gradient is
-    recorded (in training the recompute in the fused op's backward costs more than the fusion saves)."""
-    needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or any(p.requires_grad for p in (*dw.parameters(), *pw.parameters()))
+def _skip_reason(conv: nn.Conv2d) -> str | None:
+    if conv.padding_mode != "zeros":
+        return f"only padding_mode='zeros' is supported, got {conv.padding_mode!r}"
+    return None
+
+
+register_swap_rule(
+    SwapRule(
+        "depthwise_conv2d",
+        matches=_is_depthwise,
+        replace=DepthwiseConv2d.from_torch,
+        skip_reason=_skip_reason,
     )
-    return (
-        not needs_grad
-        and isinstance(x, Tensor)
-        and x.device.type == "cpu"
-        and x.dim() == 4
-        and not x.is_contiguous()
-        and x.is_contiguous(memory_format=torch.channels_last)
-        and type(dw) is DepthwiseConv2d
-        and type(pw) is nn.Conv2d
-        and pw.kernel_size == (1, 1)
-        and pw.stride == (1, 1)
-        and pw.dilation == (1, 1)
-        and pw.groups == 1
-        and pw.padding in ((0, 0), "valid")
-        and pw.padding_mode == "zeros"
-        and not (dw._forward_hooks or dw._forward_pre_hooks or pw._forward_hooks or pw._forward_pre_hooks)
-    )
-
-
-def _accept_sequential_keys(state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
-    # nn.Sequential(dw, pw) saves "0.weight", "1.weight", ...: map them onto our submodule names.
-    for old, new in (("0.", "depthwise."), ("1.", "pointwise.")):
-        for key in [k for k in state_dict if k.startswith(prefix + old)]:
-            state_dict[prefix + new + key[len(prefix + old) :]] = state_dict.pop(key)
+)

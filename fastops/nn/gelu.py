@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fastops.ops.gelu import _check_approximate, bias_gelu, gelu
+from fastops.nn._twin import accept_state_dict_keys, share_parameters
+from fastops.ops._validate import check_approximate
+from fastops.ops.gelu import bias_gelu, gelu
+from fastops.swap import PairRule, SwapRule, register_swap_rule
 
 
 class GELU(nn.Module):
@@ -17,7 +20,7 @@ class GELU(nn.Module):
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
-        self.approximate = _check_approximate("nn.GELU", approximate)
+        self.approximate = check_approximate("nn.GELU", approximate)
 
     @classmethod
     def from_torch(cls, m: nn.GELU) -> GELU:
@@ -48,7 +51,7 @@ class BiasGELU(nn.Module):
         if isinstance(features, bool) or not isinstance(features, int) or features < 1:
             raise ValueError(f"fastops.nn.BiasGELU: expected features to be an int >= 1, got {features!r}")
         self.features = features
-        self.approximate = _check_approximate("nn.BiasGELU", approximate)
+        self.approximate = check_approximate("nn.BiasGELU", approximate)
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -80,7 +83,7 @@ class LinearGELU(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.approximate = _check_approximate("nn.LinearGELU", approximate)
+        self.approximate = check_approximate("nn.LinearGELU", approximate)
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
         if bias:
@@ -88,6 +91,8 @@ class LinearGELU(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
+        # nn.Sequential(nn.Linear, nn.GELU) checkpoints: "<prefix>0.weight" -> "<prefix>weight".
+        accept_state_dict_keys(self, {"0.": ""})
 
     def reset_parameters(self) -> None:
         """nn.Linear's initialisation."""
@@ -108,12 +113,14 @@ class LinearGELU(nn.Module):
             raise TypeError(
                 f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.GELU, got {type(gelu_module).__name__}"
             )
-        m = cls.__new__(cls)
-        nn.Module.__init__(m)
-        m.in_features, m.out_features = linear.in_features, linear.out_features
-        m.approximate = _check_approximate("nn.LinearGELU", gelu_module.approximate)
-        m.weight = cast(nn.Parameter, linear.weight)  # the same Parameter objects: shared, not copied
-        m.bias = cast("nn.Parameter | None", linear.bias)
+        m = cls(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            gelu_module.approximate,
+            device="meta",
+        )
+        share_parameters(m, linear)
         return m
 
     def forward(self, x: Tensor) -> Tensor:
@@ -122,16 +129,18 @@ class LinearGELU(nn.Module):
             return gelu(y, self.approximate)
         return bias_gelu(y, self.bias.to(y.dtype), self.approximate)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001
-        # Accept nn.Sequential(nn.Linear, nn.GELU) checkpoints: "<prefix>0.weight" -> "<prefix>weight".
-        for name in ("weight", "bias"):
-            seq_key = f"{prefix}0.{name}"
-            if f"{prefix}{name}" not in state_dict and seq_key in state_dict:
-                state_dict[f"{prefix}{name}"] = state_dict.pop(seq_key)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, approximate={self.approximate!r}"
         )
+
+
+register_swap_rule(SwapRule("gelu", matches=lambda m: type(m) is nn.GELU, replace=GELU.from_torch))
+register_swap_rule(
+    PairRule(
+        "linear_gelu",
+        matches=lambda first, second: type(first) is nn.Linear and type(second) is nn.GELU,
+        replace=LinearGELU.from_torch,
+    )
+)

@@ -1,10 +1,12 @@
 """Argument checks shared by the Python faces of the ops (run before dispatch and in fake kernels,
-so eager, torch.compile and the C++ kernels reject the same inputs with the same words)."""
+so eager, torch.compile and the C++ kernels reject the same inputs with the same words). Every helper
+that more than one op uses lives here; no op imports another op's private names."""
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 
 import torch
 
@@ -34,3 +36,101 @@ def check_positive_float(op: str, arg: str, value: object) -> float:
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"fastops.{op}: expected {arg} to be a finite number > 0, got {value}")
     return value
+
+
+# ---- shared by the convolution ops ---------------------------------------------------------------
+
+IntPair = int | Sequence[int]
+
+
+def int_pair(op: str, arg: str, value: object, minimum: int) -> tuple[int, int]:
+    """An int or a pair of ints (not bools), each >= minimum, as an (h, w) pair."""
+    if isinstance(value, bool):
+        raise TypeError(f"fastops.{op}: expected {arg} to be an int or a pair of ints, got bool")
+    if isinstance(value, numbers.Integral):
+        pair = (int(value), int(value))
+    elif (
+        isinstance(value, Sequence)
+        and len(value) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise TypeError(f"fastops.{op}: expected {arg} to be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"fastops.{op}: expected {arg} to be >= {minimum}, got {value!r}")
+    return pair
+
+
+def resolve_padding(
+    op: str,
+    padding: IntPair | str,
+    kernel_size: tuple[int, int],
+    stride: tuple[int, int],
+    dilation: tuple[int, int],
+) -> tuple[int, int, int, int]:
+    """(top, bottom, left, right) for an int, a pair, "valid" or "same" (F.conv2d's rules: "same"
+    needs stride 1 and puts the odd extra zero at the bottom/right)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return (0, 0, 0, 0)
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(f"fastops.{op}: padding='same' is not supported for strided convolutions")
+            total_h = dilation[0] * (kernel_size[0] - 1)
+            total_w = dilation[1] * (kernel_size[1] - 1)
+            return (total_h // 2, total_h - total_h // 2, total_w // 2, total_w - total_w // 2)
+        raise ValueError(
+            f"fastops.{op}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}"
+        )
+    ph, pw = int_pair(op, "padding", padding, 0)
+    return (ph, ph, pw, pw)
+
+
+def conv_out_hw(
+    op: str,
+    h: int,
+    w: int,
+    kernel_size: Sequence[int],
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> tuple[int, int]:
+    """Output height and width of a convolution with (top, bottom, left, right) padding; symbolic
+    sizes welcome (used by fake kernels)."""
+    span_h = dilation[0] * (kernel_size[0] - 1) + 1
+    span_w = dilation[1] * (kernel_size[1] - 1) + 1
+    hp, wp = h + padding[0] + padding[1], w + padding[2] + padding[3]
+    torch._check(
+        hp >= span_h and wp >= span_w,
+        lambda: (
+            f"fastops.{op}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
+            f"({span_h} x {span_w})"
+        ),
+    )
+    return (hp - span_h) // stride[0] + 1, (wp - span_w) // stride[1] + 1
+
+
+def uses_channels_last(x: torch.Tensor) -> bool:
+    """The layout rule of the C++ conv kernels (fastops/depthwise.h: use_channels_last): a 4-D
+    tensor that is channels_last and not also contiguous runs the NHWC kernels."""
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def check_same_device(op: str, x: torch.Tensor, **others: torch.Tensor | None) -> None:
+    for arg, t in others.items():
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"fastops.{op}: expected {arg} on the same device as x ({x.device}), got {t.device}"
+            )
+
+
+# ---- shared by the GELU ops ------------------------------------------------------------------------
+
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def check_approximate(op: str, approximate: object) -> str:
+    if not isinstance(approximate, str) or approximate not in GELU_APPROXIMATIONS:
+        raise ValueError(f"fastops.{op}: expected approximate to be 'none' or 'tanh', got {approximate!r}")
+    return approximate

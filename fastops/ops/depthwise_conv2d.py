@@ -3,55 +3,21 @@ input gradient and a deterministic weight/bias gradient."""
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_tensor
+from fastops.ops._validate import (
+    IntPair,
+    check_floating,
+    check_same_device,
+    check_tensor,
+    conv_out_hw,
+    int_pair,
+    resolve_padding,
+    uses_channels_last,
+)
 
 _OP = "depthwise_conv2d"
-IntPair = int | Sequence[int]
-
-
-def _pair(arg: str, value: object, minimum: int) -> tuple[int, int]:
-    if isinstance(value, bool):
-        raise TypeError(f"fastops.{_OP}: expected {arg} to be an int or a pair of ints, got bool")
-    if isinstance(value, numbers.Integral):
-        pair = (int(value), int(value))
-    elif (
-        isinstance(value, Sequence)
-        and len(value) == 2
-        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value)
-    ):
-        pair = (int(value[0]), int(value[1]))
-    else:
-        raise TypeError(f"fastops.{_OP}: expected {arg} to be an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ValueError(f"fastops.{_OP}: expected {arg} to be >= {minimum}, got {value!r}")
-    return pair
-
-
-def resolve_padding(
-    padding: IntPair | str, kernel_size: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]
-) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) for an int, a pair, "valid" or "same" (F.conv2d's rules: "same"
-    needs stride 1 and puts the odd extra zero at the bottom/right)."""
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0, 0, 0)
-        if padding == "same":
-            if stride != (1, 1):
-                raise ValueError(f"fastops.{_OP}: padding='same' is not supported for strided convolutions")
-            total_h = dilation[0] * (kernel_size[0] - 1)
-            total_w = dilation[1] * (kernel_size[1] - 1)
-            return (total_h // 2, total_h - total_h // 2, total_w // 2, total_w - total_w // 2)
-        raise ValueError(
-            f"fastops.{_OP}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}"
-        )
-    ph, pw = _pair("padding", padding, 0)
-    return (ph, ph, pw, pw)
 
 
 def depthwise_conv2d(
@@ -84,6 +50,16 @@ def depthwise_conv2d(
     Equals: ``torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])``
     (see ``fastops.reference.depthwise_conv2d``).
     """
+    _check_inputs(x, weight, bias)
+    s = int_pair(_OP, "stride", stride, 1)
+    d = int_pair(_OP, "dilation", dilation, 1)
+    p = resolve_padding(_OP, padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
+    conv_out_hw(_OP, x.shape[2], x.shape[3], weight.shape[2:], s, p, d)
+    return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
+
+
+def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """The op's one validator of its tensors, called by the eager path and by the fake kernel."""
     check_tensor(_OP, "x", x)
     check_tensor(_OP, "weight", weight)
     if bias is not None:
@@ -102,48 +78,20 @@ def depthwise_conv2d(
         )
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != x.shape[1]):
         raise ValueError(f"fastops.{_OP}: expected bias of shape ({x.shape[1]},), got {tuple(bias.shape)}")
+    check_same_device(_OP, x, weight=weight, bias=bias)
+    check_floating(_OP, "x", x)
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise RuntimeError(
-                f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(
+                f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
             )
-    s = _pair("stride", stride, 1)
-    d = _pair("dilation", dilation, 1)
-    p = resolve_padding(padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
-    return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
-
-
-def _uses_channels_last(x: Tensor) -> bool:
-    # The rule of the C++ kernels (fastops/depthwise.h: use_channels_last).
-    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
-def _out_hw(
-    h: int, w: int, k: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]
-):  # noqa: ANN202
-    span_h = dilation[0] * (k[0] - 1) + 1
-    span_w = dilation[1] * (k[1] - 1) + 1
-    hp, wp = h + padding[0] + padding[1], w + padding[2] + padding[3]
-    torch._check(
-        hp >= span_h and wp >= span_w,
-        lambda: (
-            f"fastops.{_OP}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
-            f"({span_h} x {span_w})"
-        ),
-    )
-    return (hp - span_h) // stride[0] + 1, (wp - span_w) // stride[1] + 1
 
 
 @torch.library.register_fake("fastops::depthwise_conv2d")
 def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation) -> Tensor:  # noqa: ANN001
-    check_floating(_OP, "x", x)
-    torch._check(weight.dtype == x.dtype, lambda: f"fastops.{_OP}: expected weight to have the dtype of x")
-    torch._check(
-        weight.dim() == 4 and weight.shape[1] == 1 and weight.shape[0] == x.shape[1],
-        lambda: f"fastops.{_OP}: expected weight of shape (C, 1, kh, kw), got {tuple(weight.shape)}",
-    )
-    oh, ow = _out_hw(x.shape[2], x.shape[3], weight.shape[2:], stride, padding, dilation)
-    fmt = torch.channels_last if _uses_channels_last(x) else torch.contiguous_format
+    _check_inputs(x, weight, bias)
+    oh, ow = conv_out_hw(_OP, x.shape[2], x.shape[3], weight.shape[2:], stride, padding, dilation)
+    fmt = torch.channels_last if uses_channels_last(x) else torch.contiguous_format
     return x.new_empty((x.shape[0], x.shape[1], oh, ow)).contiguous(memory_format=fmt)
 
 
@@ -166,7 +114,7 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
     ctx.save_for_backward(x, weight)
     ctx.has_bias = bias is not None
     ctx.args = (stride, padding, dilation)
-    ctx.channels_last = _uses_channels_last(x)
+    ctx.channels_last = uses_channels_last(x)
 
 
 def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202

@@ -6,8 +6,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_tensor
-from fastops.ops.depthwise_conv2d import IntPair, _out_hw, _pair, resolve_padding
+from fastops.ops._validate import (
+    IntPair,
+    check_floating,
+    check_same_device,
+    check_tensor,
+    conv_out_hw,
+    int_pair,
+    resolve_padding,
+)
 
 _OP = "depthwise_separable_conv2d"
 
@@ -46,6 +53,20 @@ def depthwise_separable_conv2d(
 
     Equals ``fastops.reference.depthwise_separable_conv2d``.
     """
+    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias)
+    s = int_pair(_OP, "stride", stride, 1)
+    d = int_pair(_OP, "dilation", dilation, 1)
+    p = resolve_padding(_OP, padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
+    conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], s, p, d)
+    return torch.ops.fastops.depthwise_separable_conv2d.default(
+        x, dw_weight, dw_bias, pw_weight, pw_bias, list(s), list(p), list(d)
+    )
+
+
+def _check_inputs(
+    x: Tensor, dw_weight: Tensor, dw_bias: Tensor | None, pw_weight: Tensor, pw_bias: Tensor | None
+) -> None:
+    """The op's one validator of its tensors, called by the eager path and by the fake kernel."""
     for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
         check_tensor(_OP, arg, value)
     for arg, opt in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
@@ -66,48 +87,27 @@ def depthwise_separable_conv2d(
     for arg, bias, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
             raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
-    t: Tensor | None
-    for arg, t in (
-        ("dw_weight", dw_weight),
-        ("dw_bias", dw_bias),
-        ("pw_weight", pw_weight),
-        ("pw_bias", pw_bias),
-    ):
-        if t is not None and t.device != x.device:
-            raise RuntimeError(
-                f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
-            )
-    if x.device.type != "cpu":
+    others = {"dw_weight": dw_weight, "dw_bias": dw_bias, "pw_weight": pw_weight, "pw_bias": pw_bias}
+    check_same_device(_OP, x, **others)
+    if x.device.type not in ("cpu", "meta"):
         raise NotImplementedError(
             f"fastops.{_OP}: only a CPU kernel exists (got x on {x.device}); on CUDA use "
             "fastops.depthwise_conv2d followed by a 1x1 conv"
         )
-    s = _pair("stride", stride, 1)
-    d = _pair("dilation", dilation, 1)
-    p = resolve_padding(padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
-    return torch.ops.fastops.depthwise_separable_conv2d.default(
-        x, dw_weight, dw_bias, pw_weight, pw_bias, list(s), list(p), list(d)
-    )
+    check_floating(_OP, "x", x)
+    for arg, t in others.items():
+        if t is not None and t.dtype != x.dtype:
+            raise TypeError(
+                f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
+            )
 
 
 @torch.library.register_fake("fastops::depthwise_separable_conv2d")
 def _fake(
     x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation
 ) -> Tensor:  # noqa: ANN001
-    check_floating(_OP, "x", x)
-    torch._check(
-        dw_weight.dtype == x.dtype and pw_weight.dtype == x.dtype,
-        lambda: f"fastops.{_OP}: expected dw_weight and pw_weight to have the dtype of x",
-    )
-    torch._check(
-        dw_weight.dim() == 4 and dw_weight.shape[1] == 1 and dw_weight.shape[0] == x.shape[1],
-        lambda: f"fastops.{_OP}: expected dw_weight of shape (C, 1, kh, kw), got {tuple(dw_weight.shape)}",
-    )
-    torch._check(
-        pw_weight.dim() == 4 and pw_weight.shape[1] == x.shape[1],
-        lambda: f"fastops.{_OP}: expected pw_weight of shape (Cout, C, 1, 1), got {tuple(pw_weight.shape)}",
-    )
-    oh, ow = _out_hw(x.shape[2], x.shape[3], dw_weight.shape[2:], stride, padding, dilation)
+    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias)
+    oh, ow = conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], stride, padding, dilation)
     return x.new_empty((x.shape[0], pw_weight.shape[0], oh, ow)).contiguous(memory_format=torch.channels_last)
 
 

@@ -7,18 +7,11 @@ import math
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_tensor
+from fastops.ops._validate import check_approximate, check_floating, check_tensor
 
-_APPROXIMATIONS = ("none", "tanh")
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _TANH_C = 0.044715
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-
-
-def _check_approximate(op: str, approximate: object) -> str:
-    if not isinstance(approximate, str) or approximate not in _APPROXIMATIONS:
-        raise ValueError(f"fastops.{op}: expected approximate to be 'none' or 'tanh', got {approximate!r}")
-    return approximate
 
 
 def _check_bias(op: str, x: Tensor, bias: Tensor) -> None:
@@ -61,7 +54,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """
     check_tensor("gelu", "x", x)
     check_floating("gelu", "x", x)
-    approximate = _check_approximate("gelu", approximate)
+    approximate = check_approximate("gelu", approximate)
     return torch.ops.fastops.gelu.default(x, approximate)
 
 
@@ -87,7 +80,7 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
     check_tensor("bias_gelu", "x", x)
     check_tensor("bias_gelu", "bias", bias)
     check_floating("bias_gelu", "x", x)
-    approximate = _check_approximate("bias_gelu", approximate)
+    approximate = check_approximate("bias_gelu", approximate)
     _check_bias("bias_gelu", x, bias)
     return torch.ops.fastops.bias_gelu.default(x, bias, approximate)
 
@@ -98,14 +91,14 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
 @torch.library.register_fake("fastops::gelu")
 def _gelu_fake(x: Tensor, approximate: str) -> Tensor:
     check_floating("gelu", "x", x)
-    _check_approximate("gelu", approximate)
+    check_approximate("gelu", approximate)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("fastops::gelu_backward")
 def _gelu_backward_fake(grad_out: Tensor, x: Tensor, approximate: str) -> Tensor:
     check_floating("gelu_backward", "x", x)
-    _check_approximate("gelu_backward", approximate)
+    check_approximate("gelu_backward", approximate)
     torch._check(
         grad_out.shape == x.shape,
         lambda: f"fastops.gelu_backward: expected grad_out to have the shape of x {tuple(x.shape)}",
@@ -116,7 +109,7 @@ def _gelu_backward_fake(grad_out: Tensor, x: Tensor, approximate: str) -> Tensor
 @torch.library.register_fake("fastops::bias_gelu")
 def _bias_gelu_fake(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
     check_floating("bias_gelu", "x", x)
-    _check_approximate("bias_gelu", approximate)
+    check_approximate("bias_gelu", approximate)
     _check_bias("bias_gelu", x, bias)
     return x.new_empty(x.shape)
 
@@ -126,7 +119,7 @@ def _bias_gelu_backward_fake(
     grad_out: Tensor, x: Tensor, bias: Tensor, approximate: str
 ) -> tuple[Tensor, Tensor]:
     check_floating("bias_gelu_backward", "x", x)
-    _check_approximate("bias_gelu_backward", approximate)
+    check_approximate("bias_gelu_backward", approximate)
     _check_bias("bias_gelu_backward", x, bias)
     torch._check(
         grad_out.shape == x.shape,

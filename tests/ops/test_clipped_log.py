@@ -180,16 +180,6 @@ def test_autocast_runs_in_float32(device: str) -> None:
     torch.testing.assert_close(y, torch.log(torch.clamp(x.float(), min=1e-6)))
 
 
-@devices
-def test_module(device: str) -> None:
-    m = fastops.nn.ClippedLog(eps=1e-4, straight_through=False)
-    assert "eps=0.0001" in repr(m)
-    x = torch.rand(4, 5, device=device)
-    torch.testing.assert_close(m(x), fastops.clipped_log(x, 1e-4, False))
-    with pytest.raises(ValueError, match=r"nn\.ClippedLog.*eps"):
-        fastops.nn.ClippedLog(eps=0.0)
-
-
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64])
 def test_rejects_non_float_dtypes(dtype: torch.dtype) -> None:
     x = torch.ones(3, dtype=dtype)

@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import fastops
 from fastops import reference
@@ -316,104 +315,6 @@ def test_autocast_runs_in_autocast_dtype(device: str) -> None:
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32 and b.grad.dtype == torch.float32
 
 
-# ---- modules -----------------------------------------------------------------------------------------
-
-
-@devices
-def test_module_parity_and_checkpoints(device: str) -> None:
-    torch_conv = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
-    ours = fastops.nn.DepthwiseConv2d.from_torch(torch_conv)
-    assert ours.weight is torch_conv.weight and ours.bias is torch_conv.bias
-    x = torch.randn(3, 12, 17, 16, device=device)
-    torch.testing.assert_close(ours(x), torch_conv(x))
-
-    fresh = fastops.nn.DepthwiseConv2d(12, 5, stride=2, padding=2, device=device)
-    assert fresh.state_dict().keys() == torch_conv.state_dict().keys()
-    fresh.load_state_dict(torch_conv.state_dict())
-    torch.testing.assert_close(fresh(x), torch_conv(x))
-    back = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
-    back.load_state_dict(fresh.state_dict())
-    torch.testing.assert_close(back(x), fresh(x))
-    assert "kernel_size=(5, 5)" in repr(fresh)
-
-    nb = nn.Conv2d(4, 4, 3, padding="same", groups=4, bias=False, device=device)
-    m = fastops.nn.DepthwiseConv2d.from_torch(nb)
-    assert m.bias is None
-    xs = torch.randn(1, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(m(xs), nb(xs))
-
-
-@devices
-def test_module_cuda_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default on CUDA is the named cuDNN fallback (F.conv2d, bit for bit); "fastops" runs ours;
-    CPU input always runs ours. Bad settings are errors that name the setting."""
-    monkeypatch.delenv("FASTOPS_CUDA_DEPTHWISE")
-    assert fastops.nn.depthwise_conv2d.cuda_backend() == "cudnn"
-    conv = nn.Conv2d(8, 8, 3, padding=1, groups=8, device=device)
-    m = fastops.nn.DepthwiseConv2d.from_torch(conv)
-    x = torch.randn(2, 8, 9, 10, device=device).contiguous(memory_format=torch.channels_last)
-    ref = fastops.reference.depthwise_conv2d(x.double(), conv.weight.double(), conv.bias.double(), 1, 1, 1)
-    if device == "cuda":
-        assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
-    else:
-        assert_close_to_reference(m(x), ref)
-    m.cuda_backend = "fastops"
-    assert m.resolved_cuda_backend() == "fastops"
-    assert_close_to_reference(m(x), ref)
-    m.cuda_backend = "cublas"
-    with pytest.raises(ValueError, match="cuda_backend='cublas'"):
-        m.resolved_cuda_backend()
-    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "triton")
-    with pytest.raises(ValueError, match="FASTOPS_CUDA_DEPTHWISE='triton'"):
-        fastops.nn.depthwise_conv2d.cuda_backend()
-
-
-@devices
-def test_separable_module_interchanges_with_sequential(device: str) -> None:
-    seq = nn.Sequential(
-        nn.Conv2d(16, 16, 3, stride=1, padding=1, groups=16, device=device),
-        nn.Conv2d(16, 24, 1, device=device),
-    )
-    ours = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, padding=1, device=device)
-    assert {k.split(".", 1)[1] for k in ours.state_dict()} == {k.split(".", 1)[1] for k in seq.state_dict()}
-    ours.load_state_dict(seq.state_dict())  # "0.*" / "1.*" keys
-    x = torch.randn(2, 16, 9, 9, device=device).contiguous(memory_format=torch.channels_last)
-    x.requires_grad_(True)
-    y, y_ref = ours(x), seq(x)
-    torch.testing.assert_close(y, y_ref)
-    (gx,) = torch.autograd.grad(y.square().sum(), x)
-    (gx_ref,) = torch.autograd.grad(y_ref.square().sum(), x)
-    torch.testing.assert_close(gx, gx_ref)
-
-    # and back: our keys into a module with depthwise/pointwise children, and from_torch sharing params
-    class Seed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.depthwise = nn.Conv2d(16, 16, 3, padding=1, groups=16, device=device)
-            self.pointwise = nn.Conv2d(16, 24, 1, device=device)
-
-        def forward(self, t: torch.Tensor) -> torch.Tensor:
-            return self.pointwise(self.depthwise(t))
-
-    seed = Seed()
-    seed.load_state_dict(ours.state_dict())
-    torch.testing.assert_close(seed(x), y)
-    shared = fastops.nn.DepthwiseSeparableConv2d.from_torch(seq)
-    assert shared.depthwise.weight is seq[0].weight and shared.pointwise is seq[1]
-    torch.testing.assert_close(shared(x), y_ref)
-
-
-def test_module_rejects_non_depthwise() -> None:
-    with pytest.raises(ValueError, match=r"from_torch: expected a depthwise conv"):
-        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 8, 3, groups=4))
-    with pytest.raises(ValueError, match=r"padding_mode='zeros'"):
-        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 4, 3, groups=4, padding_mode="reflect"))
-    with pytest.raises(TypeError, match=r"expected an nn\.Conv2d"):
-        fastops.nn.DepthwiseConv2d.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
-        fastops.nn.DepthwiseConv2d(4, 3, stride=2, padding="same")
-
-
 @pytest.mark.large
 @cuda_only
 @pytest.mark.parametrize("layout", ("channels_last", "contiguous"))
@@ -490,10 +391,13 @@ def test_clear_errors() -> None:
         fastops.depthwise_conv2d(x, w, stride=2, padding="same")
     with pytest.raises(RuntimeError, match=r"smaller than the dilated kernel"):
         fastops.depthwise_conv2d(torch.randn(1, 4, 2, 8), w)
-    with pytest.raises(RuntimeError, match=r"expected weight to have the dtype of x"):
+    # dtype errors are TypeErrors from the Python face (as for every op); the C++ kernels below say the same
+    with pytest.raises(TypeError, match=r"expected weight to have the dtype of x"):
         fastops.depthwise_conv2d(x, w.double())
-    with pytest.raises(RuntimeError, match=r"expected x to be a float32"):
+    with pytest.raises(TypeError, match=r"expected x to be a float32"):
         fastops.depthwise_conv2d(x.int(), w.int())
+    with pytest.raises(RuntimeError, match=r"expected weight to have the dtype of x"):
+        torch.ops.fastops.depthwise_conv2d(x, w.double(), None, [1, 1], [0] * 4, [1, 1])
     with pytest.raises(RuntimeError, match=r"expected weight on the same device as x"):
         fastops.depthwise_conv2d(x, w.to("meta"))
     with pytest.raises(TypeError, match=r"expected x to be a torch\.Tensor"):
@@ -524,5 +428,5 @@ def test_cuda_device_mismatch_and_float64() -> None:
         fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3))
     with pytest.raises(RuntimeError, match=r"expected weight on the same device as x"):
         torch.ops.fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3), None, [1, 1], [0] * 4, [1, 1])
-    with pytest.raises(RuntimeError, match=r"expected x to be a float32"):
+    with pytest.raises(TypeError, match=r"expected x to be a float32"):
         fastops.depthwise_conv2d(x.double(), torch.randn(4, 1, 3, 3, device="cuda", dtype=torch.float64))

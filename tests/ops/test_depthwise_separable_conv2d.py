@@ -205,7 +205,7 @@ def test_clear_errors() -> None:
 
 
 def test_module_runs_fused_for_channels_last_inference(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fastops.nn.depthwise_conv2d as mod
+    import fastops.nn.depthwise_separable_conv2d as mod
 
     calls = []
     fused = mod.depthwise_separable_conv2d

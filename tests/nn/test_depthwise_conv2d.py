@@ -1,0 +1,72 @@
+"""fastops.nn.DepthwiseConv2d: parity with nn.Conv2d(groups=C), checkpoints both ways, the CUDA
+backend choice, and what from_torch refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastops
+from tests.helpers import assert_close_to_reference, devices
+
+
+@devices
+def test_module_parity_and_checkpoints(device: str) -> None:
+    torch_conv = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
+    ours = fastops.nn.DepthwiseConv2d.from_torch(torch_conv)
+    assert ours.weight is torch_conv.weight and ours.bias is torch_conv.bias
+    x = torch.randn(3, 12, 17, 16, device=device)
+    torch.testing.assert_close(ours(x), torch_conv(x))
+
+    fresh = fastops.nn.DepthwiseConv2d(12, 5, stride=2, padding=2, device=device)
+    assert fresh.state_dict().keys() == torch_conv.state_dict().keys()
+    fresh.load_state_dict(torch_conv.state_dict())
+    torch.testing.assert_close(fresh(x), torch_conv(x))
+    back = nn.Conv2d(12, 12, 5, stride=2, padding=2, groups=12, device=device)
+    back.load_state_dict(fresh.state_dict())
+    torch.testing.assert_close(back(x), fresh(x))
+    assert "kernel_size=(5, 5)" in repr(fresh)
+
+    nb = nn.Conv2d(4, 4, 3, padding="same", groups=4, bias=False, device=device)
+    m = fastops.nn.DepthwiseConv2d.from_torch(nb)
+    assert m.bias is None
+    xs = torch.randn(1, 4, 6, 6, device=device).contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(m(xs), nb(xs))
+
+
+@devices
+def test_module_cuda_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default on CUDA is the named cuDNN fallback (F.conv2d, bit for bit); "fastops" runs ours;
+    CPU input always runs ours. Bad settings are errors that name the setting."""
+    monkeypatch.delenv("FASTOPS_CUDA_DEPTHWISE")
+    assert fastops.nn.depthwise_conv2d.cuda_backend() == "cudnn"
+    conv = nn.Conv2d(8, 8, 3, padding=1, groups=8, device=device)
+    m = fastops.nn.DepthwiseConv2d.from_torch(conv)
+    x = torch.randn(2, 8, 9, 10, device=device).contiguous(memory_format=torch.channels_last)
+    ref = fastops.reference.depthwise_conv2d(x.double(), conv.weight.double(), conv.bias.double(), 1, 1, 1)
+    if device == "cuda":
+        assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
+    else:
+        assert_close_to_reference(m(x), ref)
+    m.cuda_backend = "fastops"
+    assert m.resolved_cuda_backend() == "fastops"
+    assert_close_to_reference(m(x), ref)
+    m.cuda_backend = "cublas"
+    with pytest.raises(ValueError, match="cuda_backend='cublas'"):
+        m.resolved_cuda_backend()
+    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "triton")
+    with pytest.raises(ValueError, match="FASTOPS_CUDA_DEPTHWISE='triton'"):
+        fastops.nn.depthwise_conv2d.cuda_backend()
+
+
+def test_module_rejects_non_depthwise() -> None:
+    with pytest.raises(ValueError, match=r"from_torch: expected a depthwise conv"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 8, 3, groups=4))
+    with pytest.raises(ValueError, match=r"padding_mode='zeros'"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Conv2d(4, 4, 3, groups=4, padding_mode="reflect"))
+    with pytest.raises(TypeError, match=r"expected an nn\.Conv2d"):
+        fastops.nn.DepthwiseConv2d.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
+        fastops.nn.DepthwiseConv2d(4, 3, stride=2, padding="same")
