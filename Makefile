@@ -1,7 +1,7 @@
 # fastops developer commands. Each target uses the active virtualenv when one is active
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
-#   make bench       run the benchmarks on this machine, results into benchmarks/results/
+#   make bench       run every benchmarks/bench_*.py on this machine, results into benchmarks/results/
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
 #   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)
@@ -34,13 +34,11 @@ install: env
 test: install
 	$(PY) -m pytest tests -q
 
+# Every benchmarks/bench_*.py, no hand-kept list: a new op's benchmark runs as soon as it exists.
 bench: install
-	$(PY) -m benchmarks.bench_clipped_log
-	$(PY) -m benchmarks.bench_gelu
-	$(PY) -m benchmarks.bench_adam
-	$(PY) -m benchmarks.bench_depthwise
-	$(PY) -m benchmarks.bench_depthwise_separable --threads 1
-	$(PY) -m benchmarks.bench_train
+	@set -e; for bench in benchmarks/bench_*.py; do \
+	  echo "== $$bench"; $(PY) -m benchmarks.$$(basename $$bench .py); \
+	done
 
 demo: install
 	$(PY) -m fastops.train --compare --out-dir runs/demo

@@ -59,7 +59,7 @@ sanitize)
   ;;
 bench)
   # depthwise_separable_conv2d has no CUDA kernel (CPU only): its benchmark refuses --device cuda.
-  for bench in ${FASTOPS_BENCHES:-clipped_log gelu adam depthwise}; do
+  for bench in ${FASTOPS_BENCHES:-clipped_log gelu fused_adam depthwise_conv2d}; do
     timeout ${BENCH_TIMEOUT:-130} $PY -m "benchmarks.bench_$bench" --device cuda --out "$work" --min-time 0.3 "$@" >"$work/bench_$bench.log" 2>&1
     echo "bench_$bench: rc=$?"; tail -n 25 "$work/bench_$bench.log"
   done

@@ -6,7 +6,7 @@ huge tensor. Each provider gets fresh params with random grads and its own optim
 timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x itemsize per param
 (read p, g, m, v; write p, m, v = 28 B for fp32).
 
-    python -m benchmarks.bench_adam [--device cpu|cuda] [--quick] [--no-compile]
+    python -m benchmarks.bench_fused_adam [--device cpu|cuda] [--quick] [--no-compile]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
         times = common.interleaved_times(steps, device, min_time, warmup=2, min_reps=7, max_reps=200)
         for name, t in times.items():
             result = common.result_from_times(
-                "adam", case, "step", dtype, size, name, t, nbytes, roofline, reps=len(t)
+                "fused_adam", case, "step", dtype, size, name, t, nbytes, roofline, reps=len(t)
             )
             results.append(result)
             print(
@@ -127,7 +127,7 @@ def main() -> None:
             "fastops runs one region per dtype over all tensors, so on a busy machine torch_fused falls "
             "behind by a multiple, on an idle one by ~10%. "
         )
-    csv_path, md_path = common.write_results("adam", device, results, roofline, args.out, args.tag, notes)
+    csv_path, md_path = common.write_results("fused_adam", device, results, roofline, args.out, args.tag, notes)
     print(common.format_table(results, roofline))
     print(f"wrote {csv_path} and {md_path}")
 

@@ -13,7 +13,7 @@ Counted work: FLOPs 2*N*OH*OW*C*(k*k + Cout) forward (full = 3x); bytes (minimal
 write y (full: 3x). The unfused pair moves 2*N*OH*OW*C*itemsize more per forward (the depthwise output
 written and read back); that is the saving the fused op can earn.
 
-    python benchmarks/bench_depthwise_separable.py [--quick] [--batch 32] [--threads N]
+    python -m benchmarks.bench_depthwise_separable_conv2d [--quick] [--batch 32] [--threads N]
 
 CPU only: the fused op has no CUDA kernel, so `--device cuda` is refused rather than run on the CPU.
 """

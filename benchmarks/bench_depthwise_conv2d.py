@@ -8,7 +8,7 @@ aten.convolution_backward with the matching output mask, which is what autograd 
 Counted work (minimal): FLOPs 2 * N*C*OH*OW*kh*kw per pass (full = 3 passes); bytes: fwd reads x
 and writes y, dgrad reads g and writes dx, wgrad reads x and g (weights are negligible).
 
-    python benchmarks/bench_depthwise.py [--device cpu|cuda] [--quick] [--dtypes float32,bfloat16]
+    python -m benchmarks.bench_depthwise_conv2d [--device cpu|cuda] [--quick] [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
