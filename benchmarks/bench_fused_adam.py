@@ -127,7 +127,9 @@ def main() -> None:
             "fastops runs one region per dtype over all tensors, so on a busy machine torch_fused falls "
             "behind by a multiple, on an idle one by ~10%. "
         )
-    csv_path, md_path = common.write_results("fused_adam", device, results, roofline, args.out, args.tag, notes)
+    csv_path, md_path = common.write_results(
+        "fused_adam", device, results, roofline, args.out, args.tag, notes
+    )
     print(common.format_table(results, roofline))
     print(f"wrote {csv_path} and {md_path}")
 
