@@ -21,10 +21,10 @@ _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 
 
 CUDA_BACKENDS = ("cudnn", "fastops")
-# The module's CUDA default: measured on an H100 (benchmarks/results/depthwise_conv2d_cuda.md), our
-# CUDA forward and input gradient are near cuDNN's in channels_last but the weight gradient is
-# 0.08-0.4x, so a swapped model trained 2x slower (train_cuda.md). Until our kernel wins, CUDA input
-# runs cuDNN, named as the fallback it is; FASTOPS_CUDA_DEPTHWISE=fastops runs ours.
+# The module's CUDA default: our CUDA weight gradient is still far slower than cuDNN's, so swapped
+# models trained slower than stock (benchmarks/results/depthwise_conv2d_cuda.md, train_cuda.md).
+# Until our kernel wins, CUDA input runs cuDNN, named as the fallback it is;
+# FASTOPS_CUDA_DEPTHWISE=fastops runs ours.
 DEFAULT_CUDA_BACKEND = "cudnn"
 
 

@@ -24,13 +24,12 @@ class DepthwiseSeparableConv2d(nn.Module):
     (keys ``0.*`` / ``1.*``) loads as well.
 
     Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
-    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory; measured
-    1.16-1.69x (geomean 1.41x) faster than the pair on MobileNetV2 shapes, fp32, one thread; 1.31x
-    with two (benchmarks/results/depthwise_separable_conv2d_cpu*.md). When autograd records, the pair
-    runs: the fused op's backward recomputes the depthwise output, and forward+backward measured no
-    faster (geomean 0.99x one thread, 0.94x two). Any other input (NCHW; CUDA, which has no fused kernel) runs the
-    fastops depthwise kernel then the 1x1 through ATen (a GEMM on channels_last data): feed
-    channels_last input for the fast path.
+    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory, and the
+    forward beats the pair. When autograd records, the pair runs: the fused op's backward recomputes
+    the depthwise output, and forward+backward is no faster than the pair
+    (benchmarks/results/depthwise_separable_conv2d_cpu*.md). Any other input (NCHW; CUDA, which has
+    no fused kernel) runs the fastops depthwise kernel then the 1x1 through ATen (a GEMM on
+    channels_last data): feed channels_last input for the fast path.
     """
 
     def __init__(

@@ -13,21 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 FORMAT_VERSION = 1
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP / torch.compile wrappers, so saved keys carry no
-    ``module.`` / ``_orig_mod.`` prefixes and load into an unwrapped model."""
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod  # type: ignore[assignment]
-        else:
-            return model
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
