@@ -50,27 +50,27 @@ def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight
     return torch.empty_like(x)
 
 
-def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_context(ctx, inputs, output) -> None:
     x, eps, straight_through = inputs
     ctx.save_for_backward(x)  # the only saved tensor: the output is not needed
     ctx.eps = eps
     ctx.straight_through = straight_through
 
 
-def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+def _backward(ctx, grad_out: Tensor):
     (x,) = ctx.saved_tensors
     grad_x = torch.ops.fastops.clipped_log_backward.default(grad_out, x, ctx.eps, ctx.straight_through)
     return grad_x, None, None
 
 
-def _setup_backward_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_backward_context(ctx, inputs, output) -> None:
     grad_out, x, eps, straight_through = inputs
     ctx.save_for_backward(grad_out, x)
     ctx.eps = eps
     ctx.straight_through = straight_through
 
 
-def _double_backward(ctx, grad_grad_x: Tensor):  # noqa: ANN001, ANN202
+def _double_backward(ctx, grad_grad_x: Tensor):
     # grad_x = mask * g / c(x) with c(x) = clamp(x, eps); mask = 1 (straight-through) or x >= eps.
     # d/dg = mask / c(x) (the backward op itself); d/dx = -g / c(x)^2 where x >= eps (c is flat below).
     grad_out, x = ctx.saved_tensors

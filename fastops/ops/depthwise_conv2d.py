@@ -88,7 +88,7 @@ def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
 
 
 @torch.library.register_fake("fastops::depthwise_conv2d")
-def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation) -> Tensor:  # noqa: ANN001
+def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation) -> Tensor:
     _check_inputs(x, weight, bias)
     oh, ow = conv_out_hw(_OP, x.shape[2], x.shape[3], weight.shape[2:], stride, padding, dilation)
     fmt = torch.channels_last if uses_channels_last(x) else torch.contiguous_format
@@ -98,18 +98,18 @@ def _fake(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
 @torch.library.register_fake("fastops::depthwise_conv2d_backward_input")
 def _fake_dgrad(
     grad_out: Tensor, weight: Tensor, input_size, stride, padding, dilation, channels_last: bool
-) -> Tensor:  # noqa: ANN001
+) -> Tensor:
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return grad_out.new_empty(tuple(input_size)).contiguous(memory_format=fmt)
 
 
 @torch.library.register_fake("fastops::depthwise_conv2d_backward_weight")
-def _fake_wgrad(grad_out: Tensor, x: Tensor, kernel_size, stride, padding, dilation) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+def _fake_wgrad(grad_out: Tensor, x: Tensor, kernel_size, stride, padding, dilation) -> tuple[Tensor, Tensor]:
     c = x.shape[1]
     return x.new_empty((c, 1, kernel_size[0], kernel_size[1])), x.new_empty((c,))
 
 
-def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_context(ctx, inputs, output) -> None:
     x, weight, bias, stride, padding, dilation = inputs
     ctx.save_for_backward(x, weight)
     ctx.has_bias = bias is not None
@@ -117,7 +117,7 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
     ctx.channels_last = uses_channels_last(x)
 
 
-def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+def _backward(ctx, grad_out: Tensor):
     x, weight = ctx.saved_tensors
     stride, padding, dilation = ctx.args
     grad_x = grad_w = grad_b = None

@@ -105,13 +105,13 @@ def _check_inputs(
 @torch.library.register_fake("fastops::depthwise_separable_conv2d")
 def _fake(
     x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation
-) -> Tensor:  # noqa: ANN001
+) -> Tensor:
     _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias)
     oh, ow = conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], stride, padding, dilation)
     return x.new_empty((x.shape[0], pw_weight.shape[0], oh, ow)).contiguous(memory_format=torch.channels_last)
 
 
-def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_context(ctx, inputs, output) -> None:
     x, dw_weight, dw_bias, pw_weight, pw_bias, stride, padding, dilation = inputs
     ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight)
     ctx.has_dw_bias = dw_bias is not None
@@ -119,7 +119,7 @@ def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
     ctx.args = (stride, padding, dilation)
 
 
-def _backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+def _backward(ctx, grad_out: Tensor):
     x, dw_weight, dw_bias, pw_weight = ctx.saved_tensors
     stride, padding, dilation = ctx.args
     need_x, need_dw, need_db, need_pw, need_pb = ctx.needs_input_grad[:5]

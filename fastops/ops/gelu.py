@@ -150,24 +150,24 @@ def _second_derivative(x: Tensor, approximate: str) -> Tensor:
     return 2.0 * ds + x * d2s
 
 
-def _gelu_setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _gelu_setup_context(ctx, inputs, output) -> None:
     x, approximate = inputs
     ctx.save_for_backward(x)  # the output is not needed: the backward kernel recomputes from x
     ctx.approximate = approximate
 
 
-def _gelu_backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+def _gelu_backward(ctx, grad_out: Tensor):
     (x,) = ctx.saved_tensors
     return torch.ops.fastops.gelu_backward.default(grad_out, x, ctx.approximate), None
 
 
-def _gelu_backward_setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _gelu_backward_setup_context(ctx, inputs, output) -> None:
     grad_out, x, approximate = inputs
     ctx.save_for_backward(grad_out, x)
     ctx.approximate = approximate
 
 
-def _gelu_double_backward(ctx, grad_grad_x: Tensor):  # noqa: ANN001, ANN202
+def _gelu_double_backward(ctx, grad_grad_x: Tensor):
     # grad_x = g * gelu'(x): d/dg = gelu'(x) (the backward op itself), d/dx = g * gelu''(x).
     grad_out, x = ctx.saved_tensors
     grad_grad_out = torch.ops.fastops.gelu_backward.default(grad_grad_x, x, ctx.approximate)
@@ -175,25 +175,25 @@ def _gelu_double_backward(ctx, grad_grad_x: Tensor):  # noqa: ANN001, ANN202
     return grad_grad_out, grad_x, None
 
 
-def _bias_gelu_setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _bias_gelu_setup_context(ctx, inputs, output) -> None:
     x, bias, approximate = inputs
     ctx.save_for_backward(x, bias)  # x + bias is recomputed in the backward kernel, never stored
     ctx.approximate = approximate
 
 
-def _bias_gelu_backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN202
+def _bias_gelu_backward(ctx, grad_out: Tensor):
     x, bias = ctx.saved_tensors
     grad_x, grad_bias = torch.ops.fastops.bias_gelu_backward.default(grad_out, x, bias, ctx.approximate)
     return grad_x, grad_bias, None
 
 
-def _bias_gelu_backward_setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _bias_gelu_backward_setup_context(ctx, inputs, output) -> None:
     grad_out, x, bias, approximate = inputs
     ctx.save_for_backward(grad_out, x, bias)
     ctx.approximate = approximate
 
 
-def _bias_gelu_double_backward(ctx, grad_grad_x: Tensor | None, grad_grad_bias: Tensor | None):  # noqa: ANN001, ANN202
+def _bias_gelu_double_backward(ctx, grad_grad_x: Tensor | None, grad_grad_bias: Tensor | None):
     # Outputs: grad_x = g * gelu'(h), grad_bias = sum_rows(grad_x), h = x + bias. Both flow through
     # grad_x, so the upstream gradient of grad_x is G = gg_x + gg_bias (broadcast over rows).
     grad_out, x, bias = ctx.saved_tensors

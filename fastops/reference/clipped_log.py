@@ -12,13 +12,13 @@ class _StraightThroughClippedLog(torch.autograd.Function):
         return torch.log(torch.clamp(x, min=eps))
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+    def setup_context(ctx, inputs, output) -> None:
         x, eps = inputs
         ctx.save_for_backward(x)
         ctx.eps = eps
 
     @staticmethod
-    def backward(ctx, grad_out: Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, grad_out: Tensor):
         (x,) = ctx.saved_tensors
         return grad_out / torch.clamp(x, min=ctx.eps), None
 

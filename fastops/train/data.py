@@ -108,7 +108,7 @@ class SyntheticLoader:
             yield self.x[j * b : (j + 1) * b], self.y[j * b : (j + 1) * b]
 
 
-def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data:  # noqa: ANN001
+def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data:
     """Loaders for cfg.dataset, sharded for this rank.
 
     Training: a DistributedSampler (also with one process: it shuffles from seed + epoch, so the

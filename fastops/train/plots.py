@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot():  # noqa: ANN202
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display

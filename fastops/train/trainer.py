@@ -181,7 +181,7 @@ class Trainer:
             self.best_state = checkpoint.load(best, map_location=self.device)["model"]
 
     # ---------------------------------------------------------------- the epochs
-    def _batches(self, loader) -> Any:  # noqa: ANN001
+    def _batches(self, loader) -> Any:
         """Micro-batch groups of one optimizer step, on the device, augmented."""
         it = iter(loader)
         for _ in range(self.steps_per_epoch):
@@ -263,7 +263,7 @@ class Trainer:
         }
 
     @torch.no_grad()
-    def evaluate(self, loader) -> dict[str, float]:  # noqa: ANN001
+    def evaluate(self, loader) -> dict[str, float]:
         """Loss and accuracy over this rank's shard, summed over ranks. Runs the unwrapped module:
         DDP's forward would broadcast buffers, a collective that ranks with unequal shards would
         call a different number of times."""

@@ -12,14 +12,14 @@ from fastops.train import NonFiniteLossError, Trainer, checkpoint, fit
 from tests.train.common import tiny_config
 
 
-def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None:
     path = tmp_path / "last.pt"
     good = {"format": checkpoint.FORMAT_VERSION, "w": torch.arange(5.0), "rng": [torch.get_rng_state()]}
     checkpoint.atomic_save(good, path)
 
     real_save = torch.save
 
-    def crash_after_partial_write(obj, f, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    def crash_after_partial_write(obj, f, *args, **kwargs):
         real_save(obj, f, *args, **kwargs)
         f.truncate(f.tell() // 2)  # half a file on disk, then the process "dies"
         raise KeyboardInterrupt("simulated crash during the write")
@@ -35,7 +35,7 @@ def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None
     assert sorted(os.listdir(tmp_path)) == ["last.pt"]  # no stray temporary file
 
 
-def test_load_rejects_missing_and_foreign_files(tmp_path) -> None:  # noqa: ANN001
+def test_load_rejects_missing_and_foreign_files(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="no checkpoint file"):
         checkpoint.load(tmp_path / "nope.pt")
     torch.save({"something": 1}, tmp_path / "other.pt")
@@ -43,7 +43,7 @@ def test_load_rejects_missing_and_foreign_files(tmp_path) -> None:  # noqa: ANN0
         checkpoint.load(tmp_path / "other.pt")
 
 
-def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path) -> None:  # noqa: ANN001
+def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path) -> None:
     # The main job's path (fastops modules, FusedAdamW), with dropout and augmentation on: the RNG
     # state must travel in the checkpoint too.
     cfg = tiny_config(tmp_path / "full", epochs=3, dropout=0.2, augment=True)
@@ -71,19 +71,19 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path) -> None:  # n
     assert len(rows) == 1 + 3  # header and one row per epoch, across both invocations
 
 
-def test_resume_with_a_different_schedule_is_refused(tmp_path) -> None:  # noqa: ANN001
+def test_resume_with_a_different_schedule_is_refused(tmp_path) -> None:
     cfg = tiny_config(tmp_path, fastops=False, epochs=2, stop_after_epoch=1)
     fit(cfg)
     with pytest.raises(ValueError, match="epochs=2"):
         Trainer(cfg.replace(epochs=5, resume=tmp_path / "last.pt", stop_after_epoch=None))
 
 
-def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:  # noqa: ANN001
+def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:
     trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=3, log_every=5))
     steps = trainer.steps_per_epoch
     calls = [0]
 
-    def poison_after_first_epoch(module, inputs, output):  # noqa: ANN001, ANN202
+    def poison_after_first_epoch(module, inputs, output):
         calls[0] += 1
         if calls[0] > steps and module.training:
             return output * float("nan")

@@ -14,7 +14,7 @@ from fastops.train.config import ConfigError
 TINY = ["--epochs", "1", "--image-size", "8", "--width", "8", "--no-progress", "--device", "cpu"]
 
 
-def test_main_job_smoke_run(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_main_job_smoke_run(tmp_path, capsys) -> None:
     assert main([*TINY, "--out-dir", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     for key in ("val_accuracy", "train_loss", "samples_per_s", "peak_memory_mb", "epochs", "device", "amp"):
@@ -27,7 +27,7 @@ def test_main_job_smoke_run(tmp_path, capsys) -> None:  # noqa: ANN001
     assert "held-out test acc" in capsys.readouterr().out
 
 
-def test_compare_writes_table_and_chart(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_compare_writes_table_and_chart(tmp_path, capsys) -> None:
     assert main([*TINY, "--compare", "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| fastops |" in out and "| stock |" in out and "fastops / stock throughput" in out
@@ -49,7 +49,7 @@ def test_compare_writes_table_and_chart(tmp_path, capsys) -> None:  # noqa: ANN0
         (["--nonfinite", "skip"], "--nonfinite skip needs --amp fp16"),
     ],
 )
-def test_bad_settings_fail_with_clear_errors(argv: list[str], message: str, capsys) -> None:  # noqa: ANN001
+def test_bad_settings_fail_with_clear_errors(argv: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
@@ -57,7 +57,7 @@ def test_bad_settings_fail_with_clear_errors(argv: list[str], message: str, caps
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-def test_fp16_and_cuda_need_a_gpu(capsys) -> None:  # noqa: ANN001
+def test_fp16_and_cuda_need_a_gpu(capsys) -> None:
     for argv, message in (
         (["--amp", "fp16"], "--amp fp16 needs a CUDA device"),
         (["--device", "cuda"], "CUDA is not available"),
@@ -76,7 +76,7 @@ def test_config_validation_in_the_library() -> None:
         TrainConfig(amp="int8").validate()
 
 
-def test_help_lists_the_main_options(capsys) -> None:  # noqa: ANN001
+def test_help_lists_the_main_options(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(["--help"])
     assert e.value.code == 0
@@ -93,7 +93,7 @@ def test_help_lists_the_main_options(capsys) -> None:  # noqa: ANN001
         assert flag in out, flag
 
 
-def test_synthetic_throughput_mode_runs(tmp_path) -> None:  # noqa: ANN001
+def test_synthetic_throughput_mode_runs(tmp_path) -> None:
     argv = ["--synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
     argv += ["--epochs", "1", "--width", "8", "--no-progress", "--device", "cpu", "--out-dir", str(tmp_path)]
     assert main(argv) == 0

@@ -45,7 +45,7 @@ def _torchrun(args: list[str], timeout: float = 300.0) -> subprocess.CompletedPr
 
 
 @pytest.mark.parametrize("use_fastops", [True], ids=["fastops"])  # the stock path shares all DDP code
-def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fastops: bool) -> None:  # noqa: ANN001
+def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fastops: bool) -> None:
     # No dropout or augmentation: those draw from per-rank RNG streams by design.
     common = ["--epochs", "1", "--image-size", "8", "--width", "8", "--dropout", "0", "--no-augment"]
     common += ["--no-progress", "--device", "cpu", "--patience", "0", "--log-every", "7"]

@@ -28,7 +28,7 @@ def _data(n: int, d: int = 10, classes: int = 5) -> tuple[torch.Tensor, torch.Te
 
 
 @contextlib.contextmanager
-def _single_process_group(tmp_path):  # noqa: ANN001, ANN202
+def _single_process_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
     try:
         yield
@@ -36,7 +36,7 @@ def _single_process_group(tmp_path):  # noqa: ANN001, ANN202
         dist.destroy_process_group()
 
 
-def test_no_sync_accumulation_equals_one_large_batch(tmp_path) -> None:  # noqa: ANN001
+def test_no_sync_accumulation_equals_one_large_batch(tmp_path) -> None:
     torch.manual_seed(0)
     ref = _mlp()
     model = copy.deepcopy(ref)
@@ -51,7 +51,7 @@ def test_no_sync_accumulation_equals_one_large_batch(tmp_path) -> None:  # noqa:
         ddp = nn.parallel.DistributedDataParallel(model)
         reductions = []
 
-        def count_allreduce(state, bucket):  # noqa: ANN001, ANN202
+        def count_allreduce(state, bucket):
             reductions.append(bucket.index())
             fut: torch.futures.Future = torch.futures.Future()
             fut.set_result(bucket.buffer())  # world size 1: the reduced buffer is the buffer
@@ -152,7 +152,7 @@ def test_activation_checkpointing_equal_grads_and_bn_stats(use_fastops: bool) ->
         torch.testing.assert_close(c, b, msg=n, rtol=0, atol=0)
 
 
-def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None:  # noqa: ANN001
+def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None:
     """Liger-style convergence check: fastops modules + FusedAdamW track stock modules + AdamW step
     for step on the main job's model and data."""
     from fastops.train.data import digits_tensors
