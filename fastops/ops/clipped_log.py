@@ -28,21 +28,34 @@ def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> 
     Equals: ``torch.log(torch.clamp(x, min=eps))`` (see ``fastops.reference.clipped_log``).
     """
     check_tensor("clipped_log", "x", x)
-    check_floating("clipped_log", "x", x)
-    eps = check_positive_float("clipped_log", "eps", eps)
+    eps = _check_args("clipped_log", x, eps)
     return torch.ops.fastops.clipped_log.default(x, eps, bool(straight_through))
+
+
+def _check_args(op: str, x: Tensor, eps: object) -> float:
+    """The op's one validator (eager path and fake kernels): x's dtype, and an eps that stays a finite
+    positive number in the type the kernels compute in (float32 for fp32/fp16/bf16, else float64)."""
+    check_floating(op, "x", x)
+    value = check_positive_float(op, "eps", eps)
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    info = torch.finfo(compute)
+    if value > info.max or value < info.smallest_normal * info.eps:
+        raise ValueError(
+            f"fastops.{op}: eps={value!r} does not fit {compute} (the type {op} computes in for {x.dtype} "
+            f"input): expected {info.smallest_normal * info.eps:.3g} <= eps <= {info.max:.3g}"
+        )
+    return value
 
 
 @torch.library.register_fake("fastops::clipped_log")
 def _clipped_log_fake(x: Tensor, eps: float, straight_through: bool) -> Tensor:
-    check_floating("clipped_log", "x", x)
-    check_positive_float("clipped_log", "eps", eps)
+    _check_args("clipped_log", x, eps)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("fastops::clipped_log_backward")
 def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight_through: bool) -> Tensor:
-    check_floating("clipped_log_backward", "x", x)
+    _check_args("clipped_log_backward", x, eps)
     torch._check(
         grad_out.shape == x.shape,
         lambda: f"fastops.clipped_log_backward: expected grad_out to have the shape of x {tuple(x.shape)}",

@@ -71,6 +71,10 @@ def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
             f"fastops.{_OP}: expected weight of shape (C, 1, kh, kw) (channel multiplier 1), "
             f"got {tuple(weight.shape)}"
         )
+    if weight.shape[2] < 1 or weight.shape[3] < 1:
+        raise ValueError(
+            f"fastops.{_OP}: expected a kernel of at least 1 x 1, got weight of shape {tuple(weight.shape)}"
+        )
     if weight.shape[0] != x.shape[1]:
         raise ValueError(
             f"fastops.{_OP}: expected weight.size(0) == channels of x ({x.shape[1]}), got weight of shape "

@@ -80,6 +80,10 @@ def _check_inputs(
             f"fastops.{_OP}: expected dw_weight of shape ({c}, 1, kh, kw) (channel multiplier 1), "
             f"got {tuple(dw_weight.shape)}"
         )
+    if dw_weight.shape[2] < 1 or dw_weight.shape[3] < 1:
+        raise ValueError(
+            f"fastops.{_OP}: expected a kernel of at least 1 x 1, got dw_weight of shape {tuple(dw_weight.shape)}"
+        )
     if pw_weight.dim() != 4 or tuple(pw_weight.shape[1:]) != (c, 1, 1):
         raise ValueError(
             f"fastops.{_OP}: expected pw_weight of shape (Cout, {c}, 1, 1), got {tuple(pw_weight.shape)}"
