@@ -202,8 +202,10 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
     scalars[i] = adam::step_scalars(h.lr, h.beta1, h.beta2, t);
     by_dtype[w.params[i].scalar_type()].push_back(i);
   }
-  for (const auto& [dtype, idx] : by_dtype) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fastops_fused_adam_cpu",
+  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are C++17.
+  for (const auto& entry : by_dtype) {
+    const std::vector<size_t>& idx = entry.second;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first, "fastops_fused_adam_cpu",
                                     [&] { run_dtype<scalar_t>(w, idx, h, scalars, scale, unscale); });
   }
   for (const at::Tensor& s : w.steps) *s.data_ptr<float>() += 1.0f;

@@ -299,9 +299,12 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
 
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < w.params.size(); ++i) by_dtype[w.params[i].scalar_type()].push_back(i);
-  for (const auto& [dtype, idx] : by_dtype) {
+  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are
+  // C++17 (nvcc warning #3357).
+  for (const auto& entry : by_dtype) {
+    const std::vector<size_t>& idx = entry.second;
     // fp32, fp16, bf16 only: prepare() rejected fp64 on CUDA.
-    AT_DISPATCH_SWITCH(dtype, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
+    AT_DISPATCH_SWITCH(entry.first, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);
                        }) AT_DISPATCH_CASE(at::kHalf, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);
