@@ -32,6 +32,13 @@ def _scalar(name: str, value: float | Tensor) -> float:
     return float(value)
 
 
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """t on device. A copy into the CPU is blocking: the CPU kernel reads the value as soon as it is
+    called, before an asynchronous device-to-host copy may have landed. A copy onto a device is
+    ordered before the kernel by its stream, so it need not wait."""
+    return t.to(device, non_blocking=device.type != "cpu")
+
+
 def _check_hyper(
     cls: str, lr: float | Tensor, betas: tuple[Any, Any], eps: float, weight_decay: float
 ) -> tuple[float, float]:
@@ -82,8 +89,10 @@ def fused_adam(
     0-d tensors on each param's device and are incremented here (not by the caller), except when
     ``found_inf`` is nonzero: then params, grads, state and steps are all left untouched. With
     ``grad_scale`` the grads are divided by it and written back unscaled, as torch's fused Adam does.
-    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. Nothing here reads device memory on the host.
-    See ``fastops.reference.fused_adam.adam_step`` for the plain-PyTorch equivalent.
+    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. Device memory is read on the host only where CPU
+    params need a device scalar (lr, ``grad_scale``, ``found_inf``): it is copied over blocking, since
+    the CPU kernel reads it at once. See ``fastops.reference.fused_adam.adam_step`` for the
+    plain-PyTorch equivalent.
     """
     if not params:
         return
@@ -112,11 +121,11 @@ def fused_adam(
                     )
                 lr_float = float(lr.item())  # a host read of host memory: no device sync
             else:
-                lr_tensor = lr.to(device, non_blocking=True)
+                lr_tensor = _to(lr, device)
         else:
             lr_float = float(lr)
-        scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
-        inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
+        scale = _to(grad_scale, device) if grad_scale is not None else None
+        inf = _to(found_inf, device) if found_inf is not None else None
         _fused_adam_op(
             *sel,
             lr_tensor,

@@ -7,6 +7,7 @@ import io
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 from fastops import reference
 from fastops.optim import FusedAdam, FusedAdamW
 from fastops.optim.fused_adam import fused_adam
-from tests.helpers import HALF_DTYPES, devices, ulp_floor
+from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, ulp_floor
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
 SHAPES = [(7, 5), (), (0,), (300, 257), (3, 0, 2), (33,), (1, 17), (0,)]
@@ -214,8 +215,11 @@ def test_half_precision_2x_rule(device: str, dtype: torch.dtype, kind: str, amsg
             )
 
 
-def _functional_args(device: str, amsgrad: bool = False) -> tuple[list[list[torch.Tensor]], dict]:
-    params = _params(device)
+def _functional_args(
+    device: str, amsgrad: bool = False, dtype: torch.dtype = torch.float32, shapes=SHAPES
+) -> tuple[list[list[torch.Tensor]], dict]:
+    """The six lists of fused_adam (steps at 3) and its hyper-parameters, for a direct call."""
+    params = _params(device, dtype, shapes)
     lists = [
         params,
         _grads(params, 0),
@@ -239,6 +243,47 @@ def _functional_args(device: str, amsgrad: bool = False) -> tuple[list[list[torc
 
 def _clone_lists(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     return [[t.clone() for t in lst] for lst in lists]
+
+
+Lists = list[list[torch.Tensor]]
+_LIST_NAMES = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "steps")
+
+
+def _reference_of(lists: Lists, hyper: dict, **scalars) -> tuple[Lists, Lists | None]:
+    """What one fused_adam call on `lists` must give, computed before it runs: fastops.reference on
+    float64 CPU copies and, when the params are fp16/bf16, on CPU copies in their own dtype (torch's
+    own rounding, which the 2x rule allows twice over)."""
+    exact = [[t.detach().cpu().double() for t in lst] for lst in lists]
+    reference.adam_step(*exact, **hyper, **scalars)
+    eager = None
+    if any(p.dtype in HALF_DTYPES for p in lists[0]):
+        eager = [[t.detach().cpu().clone() for t in lst] for lst in lists]
+        reference.adam_step(*eager, **hyper, **scalars)
+    return exact, eager
+
+
+def _assert_matches(lists: Lists, exact: Lists, eager: Lists | None = None) -> None:
+    """Every tensor of the six lists (grads and steps included) against _reference_of's result: fp32
+    near assert_close's defaults, fp16/bf16 element by element by the 2x rule (one step only)."""
+
+    def cat(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1).cpu() for t in ts])
+
+    for k, name in enumerate(_LIST_NAMES):
+        if not lists[k]:
+            continue
+        triples = [(t, exact[k][i], None if eager is None else eager[k][i]) for i, t in enumerate(lists[k])]
+        try:  # one comparison per list, so thousands of tiny tensors stay fast
+            assert_close_to_reference(
+                cat(lists[k]), cat(exact[k]), eager=None if eager is None else cat(eager[k])
+            )
+        except AssertionError:
+            for i, (t, e, g) in enumerate(triples):  # name the first tensor that fails
+                try:
+                    assert_close_to_reference(t, e, eager=g)
+                except AssertionError as err:
+                    raise AssertionError(f"{name}[{i}]: {err}") from None
+            raise
 
 
 @devices
@@ -316,6 +361,104 @@ def test_grad_scaler(device: str, unscale_first: bool) -> None:
             float(opt.state[a]["step"]) == float(ref.state[b]["step"]) == 5.0
         )  # the inf step is not counted
         torch.testing.assert_close(a.grad, b.grad)  # grads end unscaled either way
+
+
+# --- Every CUDA path (each also run on the CPU), and scalars crossing devices -----------------------
+
+
+def _assert_state_close_to_float64(ours: torch.optim.Optimizer, exact: torch.optim.Optimizer) -> None:
+    """Params and state of `ours` against a float64 run of the same steps (assert_close defaults)."""
+    for (p, state), (q, ref_state) in zip(ours.state.items(), exact.state.items(), strict=True):
+        assert state.keys() == ref_state.keys()
+        for key in state:
+            try:
+                assert_close_to_reference(state[key], ref_state[key])
+            except AssertionError as err:
+                raise AssertionError(f"state {key} of a {tuple(p.shape)} param: {err}") from None
+        assert_close_to_reference(p, q)
+
+
+def _state_lists(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Lists:
+    """Each state entry (step included) of every param, one list per key."""
+    return [[opt.state[p][key] for p in params] for key in opt.state[params[0]]]
+
+
+def _scaler_steps(
+    opt: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    scaler: torch.amp.GradScaler,
+    steps: int,
+    inf_step: int | None,
+) -> Iterator[list[torch.Tensor]]:
+    """`steps` steps of `opt` under a real `scaler`, with _grads' gradients scaled by it (a power of
+    two, so unscaling gives them back exactly) and an inf in params[0]'s grad at `inf_step`. Checks
+    that the skipped step changed nothing (params, grads, state, steps) and that every other step wrote
+    the grads back unscaled; yields the grads of each step taken, for the reference runs."""
+    scaler.scale(torch.ones((), device=params[0].device))  # creates the scale, as scaling the loss would
+    for k in range(steps):
+        grads = _grads(params, k)
+        scale = scaler.get_scale()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g * scale
+        if k == inf_step:
+            params[0].grad.view(-1)[0] = math.inf
+            before = _clone_lists([params, [p.grad for p in params], *_state_lists(opt, params)])
+        scaler.step(opt)
+        scaler.update()
+        if k == inf_step:
+            after = [params, [p.grad for p in params], *_state_lists(opt, params)]
+            for name, lst, old in zip(["params", "grads", *opt.state[params[0]]], after, before, strict=True):
+                assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), (
+                    f"skipped step: {name} changed"
+                )
+            assert scaler.get_scale() == scale / 2
+            continue
+        for p, g in zip(params, grads, strict=True):
+            assert torch.equal(p.grad, g), f"grad on {p.device} not written back unscaled"
+        yield grads
+
+
+class _CopyRecorder(torch.overrides.TorchFunctionMode):
+    """Records every Tensor.to as (source device, target device, non_blocking), and brings meta tensors
+    (stand-ins for CUDA scalars on a machine with no GPU) to the CPU as the values they stand for."""
+
+    def __init__(self, values: dict[int, float]) -> None:
+        super().__init__()
+        self.values = values
+        self.copies: list[tuple[torch.device, torch.device | None, bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            src = args[0]
+            device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            self.copies.append((src.device, device, non_blocking))
+            if src.is_meta and device is not None and device.type == "cpu":
+                return torch.full(src.shape, self.values[id(src)], dtype=dtype or src.dtype)
+        return func(*args, **kwargs)
+
+
+def test_device_scalars_reach_cpu_params_by_blocking_copies() -> None:
+    """CPU params whose lr, grad_scale and found_inf live on a device (a CPU group with a CUDA lr
+    under a CUDA GradScaler): the CPU kernel reads them the moment it is called, so each must be copied
+    over blocking; a non_blocking copy into the CPU may not have landed yet. Meta tensors stand in for
+    CUDA ones, so this runs without a GPU (see test_cpu_group_with_cuda_lr_under_cuda_grad_scaler)."""
+    lists, hyper = _functional_args("cpu", amsgrad=True)
+    values = {"lr": hyper.pop("lr"), "grad_scale": 4.0, "found_inf": 0.0}
+    on_device = {name: torch.empty((), device="meta") for name in values}
+    lists[1] = [g * 4 for g in lists[1]]
+    exact, _ = _reference_of(
+        lists, {**hyper, "lr": values["lr"]}, grad_scale=torch.tensor(4.0), found_inf=torch.tensor(0.0)
+    )
+    recorder = _CopyRecorder({id(on_device[name]): v for name, v in values.items()})
+    with recorder:
+        fused_adam(*lists, **hyper, **on_device)
+    into_cpu = [c for c in recorder.copies if c[1] is not None and c[1].type == "cpu"]
+    assert len(into_cpu) == 3, recorder.copies
+    assert not any(non_blocking for *_, non_blocking in into_cpu), (
+        f"non-blocking copies into the CPU: {into_cpu}"
+    )
+    _assert_matches(lists, exact)
 
 
 def _checkpoint(state_dict: dict) -> dict:
@@ -522,9 +665,7 @@ def test_torch_compile_step(device: str) -> None:
     _assert_state_equal(opt, ref)
 
 
-# --- CUDA only: capturable semantics and CUDA graphs -------------------------------------------------
-
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# --- CUDA only: capturable, CUDA graphs, scalars and params across devices, past 2^31 elements ------
 
 
 @cuda_only
@@ -589,6 +730,39 @@ def test_one_group_on_two_devices() -> None:
     _run(ref, theirs, 3)
     _assert_state_equal(opt, ref)
     assert all(opt.state[p]["step"].device == p.device for p in ours)
+
+
+@cuda_only
+def test_cpu_group_with_cuda_lr_under_cuda_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA group and a CPU group whose lr is a CUDA tensor, under a CUDA GradScaler: the CPU kernel
+    gets lr, grad_scale and found_inf from the GPU, copied blocking while the stream is kept busy (a
+    non-blocking copy would not have landed when the kernel reads it); an inf in a CUDA grad skips the
+    CPU group too; everything matches torch.optim.Adam in float64."""
+
+    # torch's GradScaler hands its own scalars to the CPU grads with non_blocking=True (the same race):
+    # make those copies blocking, so only ours is under test, and keep the stream busy after each.
+    def blocking_get(self, device: torch.device) -> torch.Tensor:
+        if device not in self._per_device_tensors:
+            self._per_device_tensors[device] = self.master.to(device, copy=True)
+            torch.cuda._sleep(20_000_000)
+        return self._per_device_tensors[device]
+
+    monkeypatch.setattr(torch.amp.grad_scaler._MultiDeviceReplicator, "get", blocking_get)
+    base = [t.cuda() if i < 4 else t for i, t in enumerate(_params("cpu"))]
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    kwargs = {"lr": 1e-2, "weight_decay": 0.1, "amsgrad": True}
+    cuda_lr = torch.tensor(5e-3, device="cuda")
+    opt = FusedAdam([{"params": ours[:4]}, {"params": ours[4:], "lr": cuda_lr}], **kwargs)
+    ref = torch.optim.Adam(
+        [{"params": exact[:4]}, {"params": exact[4:], "lr": 5e-3}], foreach=False, **kwargs
+    )
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=1000)
+    for grads in _scaler_steps(opt, ours, scaler, steps=4, inf_step=1):  # the inf is found on the GPU
+        for q, g in zip(exact, grads, strict=True):
+            q.grad = g.double()
+        ref.step()
+    _assert_state_close_to_float64(opt, ref)
+    assert all(float(opt.state[p]["step"]) == 3.0 for p in ours)
 
 
 # --- DDP --------------------------------------------------------------------------------------------
