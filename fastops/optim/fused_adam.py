@@ -89,10 +89,16 @@ def fused_adam(
     0-d tensors on each param's device and are incremented here (not by the caller), except when
     ``found_inf`` is nonzero: then params, grads, state and steps are all left untouched. With
     ``grad_scale`` the grads are divided by it and written back unscaled, as torch's fused Adam does.
-    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. Device memory is read on the host only where CPU
-    params need a device scalar (lr, ``grad_scale``, ``found_inf``): it is copied over blocking, since
-    the CPU kernel reads it at once. See ``fastops.reference.fused_adam.adam_step`` for the
-    plain-PyTorch equivalent.
+    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. See ``fastops.reference.fused_adam.adam_step``
+    for the plain-PyTorch equivalent.
+
+    ``lr`` may be a float or a 1-element tensor of any floating dtype. A float lr, or a CPU tensor lr
+    (read on the host), is checked (>= 0, not NaN) by the kernel at every step, on every device. For
+    CUDA params a CUDA tensor lr is read by the kernel on the device and not checked at step time
+    (that would be a host sync; ``FusedAdam`` checks it when a group is made, as torch does). Device
+    memory is read on the host only where CPU params need a device scalar (lr, ``grad_scale``,
+    ``found_inf``): it is copied over blocking, since the CPU kernel reads it at once (and then
+    checks that lr too).
     """
     if not params:
         return
@@ -111,17 +117,13 @@ def fused_adam(
         lr_tensor: Tensor | None = None
         lr_float = 0.0
         if isinstance(lr, Tensor):
-            if lr.device == device:
-                lr_tensor = lr
-            elif lr.device.type == "cpu":
-                if capturable:
-                    raise RuntimeError(
-                        "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
-                        f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
-                    )
-                lr_float = float(lr.item())  # a host read of host memory: no device sync
-            else:
-                lr_tensor = _to(lr, device)
+            if lr.device.type == "cpu" and device.type != "cpu" and capturable:
+                raise RuntimeError(
+                    "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
+                    f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
+                )
+            # A CPU lr goes to the kernel of any device as it is: read (and checked) on the host.
+            lr_tensor = lr if lr.device == device or lr.device.type == "cpu" else _to(lr, device)
         else:
             lr_float = float(lr)
         scale = _to(grad_scale, device) if grad_scale is not None else None
@@ -189,7 +191,11 @@ class FusedAdam(Optimizer):
 
     Args:
         params: iterable of parameters or param-group dicts (each group may override any argument).
-        lr: learning rate, a float or a 1-element tensor (a scheduler may change it between steps).
+        lr: learning rate, a float or a 1-element floating tensor (a scheduler may change it between
+            steps). Checked (>= 0, finite) here and in ``add_param_group``. A float or a CPU tensor
+            lr is also checked at every step, on every device (a negative or NaN value raises); a
+            tensor lr on the params' device is read by the kernel there, without a host sync, and so
+            is not checked again at step time, as in torch's fused Adam.
         betas: (beta1, beta2) in [0, 1). eps, weight_decay: >= 0.
         amsgrad: keep the running maximum of the second moment and normalise by it.
         maximize: ascend instead of descend.

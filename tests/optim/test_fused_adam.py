@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import math
@@ -366,6 +367,19 @@ def test_grad_scaler(device: str, unscale_first: bool) -> None:
 # --- Every CUDA path (each also run on the CPU), and scalars crossing devices -----------------------
 
 
+@contextlib.contextmanager
+def _no_host_sync(device: str) -> Iterator[None]:
+    """On CUDA, any host-device sync inside raises; on the CPU, nothing."""
+    if device != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def _assert_state_close_to_float64(ours: torch.optim.Optimizer, exact: torch.optim.Optimizer) -> None:
     """Params and state of `ours` against a float64 run of the same steps (assert_close defaults)."""
     for (p, state), (q, ref_state) in zip(ours.state.items(), exact.state.items(), strict=True):
@@ -376,6 +390,67 @@ def _assert_state_close_to_float64(ours: torch.optim.Optimizer, exact: torch.opt
             except AssertionError as err:
                 raise AssertionError(f"state {key} of a {tuple(p.shape)} param: {err}") from None
         assert_close_to_reference(p, q)
+
+
+@devices
+@pytest.mark.parametrize("lr_dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_tensor_lr_on_the_params_device(device: str, lr_dtype: torch.dtype) -> None:
+    """A tensor lr on the params' device, read by the kernel there (float64 and bf16 ones cast on the
+    device), with Adam's L2 decay, amsgrad and maximize, against torch.optim.Adam in float64; an
+    in-place change (a scheduler's) reaches the next step. On CUDA the steps make no host sync."""
+    base = _params(device)
+    lr = torch.tensor(1e-2, dtype=lr_dtype, device=device)
+    kwargs = {"weight_decay": 0.1, "amsgrad": True, "maximize": True}
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdam(_groups(ours, lr), lr=lr, **kwargs)
+    ref = torch.optim.Adam(_groups(exact, float(lr)), lr=float(lr), foreach=False, **kwargs)
+    for k in range(STEPS):
+        for p, q, g in zip(ours, exact, _grads(ours, k), strict=True):
+            p.grad, q.grad = g, g.double()
+        with _no_host_sync(device):
+            opt.step()
+        ref.step()
+        if k == 3:
+            for ours_group, ref_group in zip(opt.param_groups, ref.param_groups, strict=True):
+                ours_group["lr"].mul_(0.5)  # exact in every lr dtype
+                ref_group["lr"] *= 0.5
+    _assert_state_close_to_float64(opt, ref)
+
+
+@devices
+@pytest.mark.parametrize("bad", [-1e-3, math.nan], ids=["negative", "nan"])
+def test_cpu_tensor_lr_is_checked_at_every_step(device: str, bad: float) -> None:
+    """A CPU tensor lr is read on the host and checked at every step on both devices: made negative or
+    NaN after construction, the step raises naming the op and lr, and leaves everything as it was. The
+    op itself takes a CPU lr for params of either device. A tensor lr on the device is checked when the
+    optimizer is built and when a group is added."""
+    p = torch.randn(5, device=device, requires_grad=True)
+    lr = torch.tensor(1e-2)
+    opt = FusedAdam([p], lr=lr)
+    p.grad = torch.ones(5, device=device)
+    opt.step()
+    before, step = p.detach().clone(), opt.state[p]["step"].clone()
+    lr.fill_(bad)
+    with pytest.raises(RuntimeError, match=r"fastops\.fused_adam_: expected lr >= 0, got"):
+        opt.step()
+    assert torch.equal(p.detach(), before) and torch.equal(opt.state[p]["step"], step)
+
+    lists, hyper = _functional_args(device)
+    floats = [0.0, *list(hyper.values())[1:]]  # lr_tensor replaces the float lr
+    with pytest.raises(RuntimeError, match=r"fastops\.fused_adam_: expected lr >= 0, got"):
+        torch.ops.fastops.fused_adam_(*lists, torch.tensor(bad), *floats)
+    exact, _ = _reference_of(lists, hyper)
+    torch.ops.fastops.fused_adam_(*lists, torch.tensor(hyper["lr"], dtype=torch.float64), *floats)
+    _assert_matches(lists, exact)
+
+    for cls in (FusedAdam, FusedAdamW):
+        with pytest.raises(ValueError, match="invalid learning rate"):
+            cls([p], lr=torch.tensor(bad, device=device))
+        opt = cls([p], lr=torch.tensor(1e-2, device=device))
+        with pytest.raises(ValueError, match="invalid learning rate"):
+            opt.add_param_group(
+                {"params": [torch.zeros(2, device=device)], "lr": torch.tensor(bad, device=device)}
+            )
 
 
 def _state_lists(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Lists:
