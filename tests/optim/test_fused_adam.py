@@ -16,7 +16,7 @@ import torch
 from fastops import reference
 from fastops.optim import FusedAdam, FusedAdamW
 from fastops.optim.fused_adam import fused_adam
-from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, ulp_floor
+from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, dtypes, ulp_floor
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
 SHAPES = [(7, 5), (), (0,), (300, 257), (3, 0, 2), (33,), (1, 17), (0,)]
@@ -202,15 +202,28 @@ def test_half_precision_2x_rule(device: str, dtype: torch.dtype, kind: str, amsg
         opt.step()
         ref.step()
         ref64.step()
-    names = ["param"] + ["exp_avg", "exp_avg_sq"]
-    for i, (a, b, c) in enumerate(zip(ours, theirs, exact, strict=True)):
+    _assert_2x_rule((opt, ours), (ref, theirs), (ref64, exact))
+
+
+Run = tuple[torch.optim.Optimizer, list[torch.Tensor]]
+
+
+def _assert_2x_rule(ours: Run, theirs: Run, exact: Run) -> None:
+    """fp16/bf16 runs, per tensor (the param and each moment): our max error against the float64 run
+    `exact` is at most twice that of `theirs` (torch.optim in our dtype), plus one ulp of the values.
+    Per tensor, not per element: over several steps the two roundings drift apart element by element."""
+    (opt, ps), (ref, qs), (ref64, rs) = ours, theirs, exact
+    for i, (a, b, c) in enumerate(zip(ps, qs, rs, strict=True)):
         if a.numel() == 0:
             continue
-        trios = [(a, b, c)] + [(opt.state[a][n], ref.state[b][n], ref64.state[c][n]) for n in names[1:]]
-        for name, (x, y, z) in zip(names, trios, strict=True):
+        moments = [n for n in opt.state[a] if n != "step"]
+        trios = [("param", a, b, c)] + [
+            (n, opt.state[a][n], ref.state[b][n], ref64.state[c][n]) for n in moments
+        ]
+        for name, x, y, z in trios:
             ours_err = (x.double() - z).abs().max().item()
             torch_err = (y.double() - z).abs().max().item()
-            allowed = 2 * max(torch_err, ulp_floor(dtype) * z.abs().max().item()) + 1e-7
+            allowed = 2 * max(torch_err, ulp_floor(x.dtype) * z.abs().max().item()) + 1e-7
             assert ours_err <= allowed, (
                 f"tensor {i} {name}: error {ours_err:.3e} > 2x torch's {torch_err:.3e}"
             )
@@ -367,6 +380,93 @@ def test_grad_scaler(device: str, unscale_first: bool) -> None:
 # --- Every CUDA path (each also run on the CPU), and scalars crossing devices -----------------------
 
 
+def _packed(tensors: list[torch.Tensor], lead: int) -> list[torch.Tensor]:
+    """Copies of `tensors` as consecutive views into one flat buffer (zeros elsewhere), the first at
+    element `lead`, the last moved up to a multiple of 16 elements (so it stays 16-byte aligned)."""
+    starts, end = [], lead
+    for i, t in enumerate(tensors):
+        if i == len(tensors) - 1:
+            end = -(-end // 16) * 16
+        starts.append(end)
+        end += t.numel()
+    flat = torch.zeros(end, dtype=tensors[0].dtype, device=tensors[0].device)
+    views = [flat[s : s + t.numel()].view(t.shape) for s, t in zip(starts, tensors, strict=True)]
+    for v, t in zip(views, tensors, strict=True):
+        v.copy_(t)
+    return views
+
+
+def _padding(views: list[torch.Tensor]) -> torch.Tensor:
+    """The elements of the views' flat buffer that no view covers."""
+    flat = views[0]._base
+    assert flat is not None
+    covered = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    for v in views:
+        covered[v.storage_offset() : v.storage_offset() + v.numel()] = True
+    return flat[~covered]
+
+
+@devices
+@dtypes
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_unaligned_views_into_flat_buffers(device: str, dtype: torch.dtype, amsgrad: bool) -> None:
+    """Params, grads, moments and steps as views into one flat buffer per list at odd element offsets,
+    as DDP gradient buckets and flat-param schemes lay them out: not 16-byte aligned, so CUDA takes the
+    element-wise path (one tensor spans two blocks), while the aligned last tensor in the same launch
+    keeps the vector path. Under grad_scale (grads written back), with Adam's L2 decay."""
+    shapes = [(16384 + 37,), (5,), (3, 7), (1000,), (0,), (64, 33)]
+    lists, hyper = _functional_args(device, amsgrad, dtype, shapes)
+    hyper["decoupled_weight_decay"] = False
+    scale = torch.tensor(8.0, device=device)
+    lists[1] = [g * 8 for g in lists[1]]
+    lists = [_packed(lst, lead=2 * k + 1) if lst else lst for k, lst in enumerate(lists)]
+    assert all(lst[0].data_ptr() % 16 and lst[-1].data_ptr() % 16 == 0 for lst in lists if lst)
+    exact, eager = _reference_of(lists, hyper, grad_scale=scale)
+    fused_adam(*lists, **hyper, grad_scale=scale)
+    _assert_matches(lists, exact, eager)
+    for name, lst in zip(_LIST_NAMES, lists, strict=True):
+        if lst:
+            assert not _padding(lst).any(), f"{name}: an element between the views was written"
+
+
+@devices
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_more_tensors_than_one_launch_holds(device: str, amsgrad: bool) -> None:
+    """4100 small tensors (every 13th empty): more than one CUDA update launch's table holds (613, 532
+    with amsgrad) and more than one step-increment launch (4063). Each tensor's own step drives its bias
+    corrections; with found_inf set, no launch touches anything."""
+    shapes = [((i * 7) % 13,) for i in range(4100)]
+    lists, hyper = _functional_args(device, amsgrad, shapes=shapes)
+    lists[5] = [torch.full((), float(i % 5), device=device) for i in range(len(shapes))]
+    exact, _ = _reference_of(lists, hyper)
+    fused_adam(*lists, **hyper)
+    _assert_matches(lists, exact)
+    before = _clone_lists(lists)
+    fused_adam(*lists, **hyper, found_inf=torch.ones((), device=device))
+    for name, lst, old in zip(_LIST_NAMES, lists, before, strict=True):
+        assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
+
+
+@devices
+@dtypes
+def test_non_dense_grads_written_back_unscaled(device: str, dtype: torch.dtype) -> None:
+    """Grads laid out unlike their params (column-major; a strided slice of a bigger buffer) under
+    grad_scale: the kernel works on dense copies, and the unscaled grads land in the caller's tensors,
+    in their layout, leaving the rest of the buffer alone."""
+    lists, hyper = _functional_args(device, dtype=dtype, shapes=[(7, 5), (33, 17), (4, 9)])
+    scale = torch.tensor(16.0, device=device)
+    column_major, sliced, dense = (g * 16 for g in lists[1])
+    column_major = column_major.t().contiguous().t()
+    buffer = torch.zeros(33, 34, dtype=dtype, device=device)
+    buffer[:, ::2] = sliced
+    lists[1] = [column_major, buffer[:, ::2], dense]
+    assert lists[1][0].stride() == (1, 7) and lists[1][1].stride() == (34, 2)  # dense; not dense
+    exact, eager = _reference_of(lists, hyper, grad_scale=scale)
+    fused_adam(*lists, **hyper, grad_scale=scale)
+    _assert_matches(lists, exact, eager)
+    assert lists[1][0].stride() == (1, 7) and not buffer[:, 1::2].any()
+
+
 @contextlib.contextmanager
 def _no_host_sync(device: str) -> Iterator[None]:
     """On CUDA, any host-device sync inside raises; on the CPU, nothing."""
@@ -491,6 +591,30 @@ def _scaler_steps(
         for p, g in zip(params, grads, strict=True):
             assert torch.equal(p.grad, g), f"grad on {p.device} not written back unscaled"
         yield grads
+
+
+@devices
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_grad_scaler_with_half_params(device: str, dtype: torch.dtype) -> None:
+    """fp16/bf16 params under a real torch.amp.GradScaler: the kernel unscales the grads and writes
+    them back unscaled; on the step with an inf, params, grads, moments and steps all stay as they
+    were; the steps taken follow the 2x rule against torch.optim.AdamW."""
+    base = [p * 0.1 for p in _params(device, dtype)]
+    kwargs = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4, "amsgrad": True}
+    ours, theirs, exact = _leaves(base), _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdamW(ours, **kwargs)
+    ref, ref64 = (
+        torch.optim.AdamW(theirs, foreach=False, **kwargs),
+        torch.optim.AdamW(exact, foreach=False, **kwargs),
+    )
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8, growth_interval=1000)
+    for grads in _scaler_steps(opt, ours, scaler, steps=4, inf_step=2):
+        for b, c, g in zip(theirs, exact, grads, strict=True):
+            b.grad, c.grad = g.clone(), g.double()
+        ref.step()
+        ref64.step()
+    assert all(float(opt.state[p]["step"]) == 3.0 for p in ours)
+    _assert_2x_rule((opt, ours), (ref, theirs), (ref64, exact))
 
 
 class _CopyRecorder(torch.overrides.TorchFunctionMode):
@@ -838,6 +962,55 @@ def test_cpu_group_with_cuda_lr_under_cuda_grad_scaler(monkeypatch: pytest.Monke
         ref.step()
     _assert_state_close_to_float64(opt, ref)
     assert all(float(opt.state[p]["step"]) == 3.0 for p in ours)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_params_on_a_second_gpu() -> None:
+    """Params on cuda:1 while cuda:0 is current (one group spans both): the op guards the device and
+    launches on cuda:1's stream; a tensor lr and a GradScaler on cuda:0 are copied over."""
+    base = [t.to("cuda:1" if i % 3 else "cuda:0") for i, t in enumerate(_params("cpu"))]
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdamW(_groups(ours, torch.tensor(1e-2, device="cuda:0")), amsgrad=True)
+    ref = torch.optim.AdamW(_groups(exact, 1e-2), amsgrad=True, foreach=False)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=1000)
+    assert torch.cuda.current_device() == 0 and base[0].device == torch.device("cuda:0")
+    for grads in _scaler_steps(opt, ours, scaler, steps=3, inf_step=None):
+        for q, g in zip(exact, grads, strict=True):
+            q.grad = g.double()
+        ref.step()
+    _assert_state_close_to_float64(opt, ref)
+    assert all(opt.state[p]["step"].device == p.device for p in ours)
+
+
+@cuda_only
+@pytest.mark.large
+def test_tensor_of_more_than_2_31_elements() -> None:
+    """One bf16 tensor of 2^31 + 4099 elements (4.3 GB a list, 21.5 GB in all with amsgrad), then a
+    small one in the same launch: 64-bit indexing past element 2^31, block offsets past it, and the
+    element-wise tail (numel % 8 = 3). Checked on slices (the head, across 2^31, the tail) and the small
+    tensor against the float64 reference of the same elements; the step is elementwise, so a slice's
+    reference needs only that slice."""
+    n, dtype = 2**31 + 4099, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(scale: float) -> torch.Tensor:
+        return torch.randn(n, generator=gen, dtype=dtype, device="cuda").mul_(scale)
+
+    small, small_hyper = _functional_args("cuda", amsgrad=True, dtype=dtype, shapes=[(33,)])
+    big = [randn(1.0), randn(1.0), randn(0.1), randn(0.1).abs_(), randn(0.2).abs_()]
+    lists = [[t, *s] for t, s in zip(big, small, strict=False)] + [
+        [torch.full((), 3.0, device="cuda"), *small[5]]
+    ]
+    scale = torch.tensor(2.0, device="cuda")
+    slices = [(0, 1000), (2**31 - 20000, 2**31 + 20000), (n - 5000, n)]
+    # The checked elements as views (so they show the result) and the small tensor, one step each.
+    views = [[t[a:b] for a, b in slices] + s for t, s in zip(big, small, strict=False)]
+    views.append([lists[5][0]] * len(slices) + [lists[5][1]])
+    exact, eager = _reference_of(views, small_hyper, grad_scale=scale)
+    fused_adam(*lists, **small_hyper, grad_scale=scale)
+    _assert_matches(views, exact, eager)
+    del big, lists, views
+    torch.cuda.empty_cache()
 
 
 # --- DDP --------------------------------------------------------------------------------------------
