@@ -174,26 +174,19 @@ void run_dtype(const adam::Work& w, const std::vector<size_t>& idx, const adam::
   });
 }
 
-double read_scalar(const char* arg, const at::Tensor& t) {
-  TORCH_CHECK(t.numel() == 1 && t.device().is_cpu() && at::isFloatingType(t.scalar_type()),
-              "fastops.fused_adam_: expected ", arg, " to be a 1-element floating tensor on the CPU, got ",
-              str(t.scalar_type()), " with ", str(t.numel()), " elements on ", str(t.device()));
-  return t.item<double>();
-}
-
 void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                  at::TensorList max_exp_avg_sqs, at::TensorList steps, const std::optional<at::Tensor>& lr_tensor,
                  double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
                  bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
                  const std::optional<at::Tensor>& found_inf) {
   adam::Hyper h{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay};
-  if (lr_tensor.has_value()) h.lr = read_scalar("lr", *lr_tensor);
+  if (lr_tensor.has_value()) h.lr = adam::host_scalar("lr", *lr_tensor);
   adam::check_hyper(h);
   const bool unscale = grad_scale.has_value();
   adam::Work w = adam::prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad, unscale);
   // On the CPU reading the flags is free: a skipped step costs nothing and touches nothing.
-  if (found_inf.has_value() && read_scalar("found_inf", *found_inf) != 0.0) return;
-  const double scale = unscale ? read_scalar("grad_scale", *grad_scale) : 1.0;
+  if (found_inf.has_value() && adam::host_scalar("found_inf", *found_inf) != 0.0) return;
+  const double scale = unscale ? adam::host_scalar("grad_scale", *grad_scale) : 1.0;
 
   std::vector<adam::StepScalars> scalars(w.params.size());
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;
@@ -202,8 +195,10 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
     scalars[i] = adam::step_scalars(h.lr, h.beta1, h.beta2, t);
     by_dtype[w.params[i].scalar_type()].push_back(i);
   }
-  for (const auto& [dtype, idx] : by_dtype) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "fastops_fused_adam_cpu",
+  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are C++17.
+  for (const auto& entry : by_dtype) {
+    const std::vector<size_t>& idx = entry.second;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first, "fastops_fused_adam_cpu",
                                     [&] { run_dtype<scalar_t>(w, idx, h, scalars, scale, unscale); });
   }
   for (const at::Tensor& s : w.steps) *s.data_ptr<float>() += 1.0f;

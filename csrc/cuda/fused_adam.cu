@@ -9,9 +9,10 @@
 // launches. Empty tensors get no chunk at all, wherever they are in the list (an empty last tensor
 // does not end the launch early). Aligned tensors move 16 bytes per load and store; others, and the
 // last numel % vector-width elements, go element by element. Math in fp32, indices in 64 bits.
-// step, lr, grad_scale and found_inf are read on the device: no host sync, so a step can be
-// captured in a CUDA graph. When *found_inf != 0 every block returns before touching memory, and the
-// step counters (incremented by a second small kernel after the update) stay as they were.
+// step, grad_scale, found_inf and an lr tensor on the device are read on the device: no host sync,
+// so a step can be captured in a CUDA graph. An lr tensor in host memory is read (and checked) on the
+// host at every step, as on the CPU. When *found_inf != 0 every block returns before touching memory,
+// and the step counters (incremented by a second small kernel after the update) stay as they were.
 // Bytes per element: 7 * sizeof(T) (28 B fp32: read p, g, m, v; write p, m, v); amsgrad + 2 * sizeof(T),
 // grad_scale + sizeof(T). At 3.35 TB/s (H100 SXM) 124M fp32 params take ~1.0 ms.
 #include <ATen/Dispatch.h>
@@ -274,7 +275,12 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
                  bool decoupled_weight_decay, const std::optional<at::Tensor>& grad_scale,
                  const std::optional<at::Tensor>& found_inf) {
   adam::Hyper h{lr, beta1, beta2, weight_decay, eps, amsgrad, maximize, decoupled_weight_decay};
-  adam::check_hyper(h);  // with a tensor lr only the float fields are checked here (no host read)
+  // An lr tensor in host memory is read and checked here, like a float lr; one on the device is read
+  // by the kernel and not checked (that would be a host sync): the optimizer checks it when the
+  // group is made, as torch does.
+  const bool lr_on_device = lr_tensor.has_value() && !lr_tensor->device().is_cpu();
+  if (lr_tensor.has_value() && !lr_on_device) h.lr = adam::host_scalar("lr", *lr_tensor);
+  adam::check_hyper(h);
   if (params.empty()) return;
   const c10::cuda::CUDAGuard guard(params[0].device());
   const at::Device device = params[0].device();
@@ -282,8 +288,8 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   adam::Work w = adam::prepare(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad, unscale);
   // Keep the converted scalars alive until the launches are queued.
   at::Tensor lr_dev, scale_dev, inf_dev;
-  AdamArgs args{lr, beta1, beta2, weight_decay, eps, nullptr, nullptr, nullptr, maximize};
-  if (lr_tensor.has_value()) {
+  AdamArgs args{h.lr, beta1, beta2, weight_decay, eps, nullptr, nullptr, nullptr, maximize};
+  if (lr_on_device) {
     lr_dev = device_scalar("lr", *lr_tensor, device);
     args.lr_ptr = lr_dev.const_data_ptr<float>();
   }
@@ -299,9 +305,12 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
 
   std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < w.params.size(); ++i) by_dtype[w.params[i].scalar_type()].push_back(i);
-  for (const auto& [dtype, idx] : by_dtype) {
+  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are
+  // C++17 (nvcc warning #3357).
+  for (const auto& entry : by_dtype) {
+    const std::vector<size_t>& idx = entry.second;
     // fp32, fp16, bf16 only: prepare() rejected fp64 on CUDA.
-    AT_DISPATCH_SWITCH(dtype, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
+    AT_DISPATCH_SWITCH(entry.first, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);
                        }) AT_DISPATCH_CASE(at::kHalf, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);

@@ -32,6 +32,13 @@ def _scalar(name: str, value: float | Tensor) -> float:
     return float(value)
 
 
+def _to(t: Tensor, device: torch.device) -> Tensor:
+    """t on device. A copy into the CPU is blocking: the CPU kernel reads the value as soon as it is
+    called, before an asynchronous device-to-host copy may have landed. A copy onto a device is
+    ordered before the kernel by its stream, so it need not wait."""
+    return t.to(device, non_blocking=device.type != "cpu")
+
+
 def _check_hyper(
     cls: str, lr: float | Tensor, betas: tuple[Any, Any], eps: float, weight_decay: float
 ) -> tuple[float, float]:
@@ -82,8 +89,16 @@ def fused_adam(
     0-d tensors on each param's device and are incremented here (not by the caller), except when
     ``found_inf`` is nonzero: then params, grads, state and steps are all left untouched. With
     ``grad_scale`` the grads are divided by it and written back unscaled, as torch's fused Adam does.
-    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. Nothing here reads device memory on the host.
-    See ``fastops.reference.fused_adam.adam_step`` for the plain-PyTorch equivalent.
+    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. See ``fastops.reference.fused_adam.adam_step``
+    for the plain-PyTorch equivalent.
+
+    ``lr`` may be a float or a 1-element tensor of any floating dtype. A float lr, or a CPU tensor lr
+    (read on the host), is checked (>= 0, not NaN) by the kernel at every step, on every device. For
+    CUDA params a CUDA tensor lr is read by the kernel on the device and not checked at step time
+    (that would be a host sync; ``FusedAdam`` checks it when a group is made, as torch does). Device
+    memory is read on the host only where CPU params need a device scalar (lr, ``grad_scale``,
+    ``found_inf``): it is copied over blocking, since the CPU kernel reads it at once (and then
+    checks that lr too).
     """
     if not params:
         return
@@ -102,21 +117,17 @@ def fused_adam(
         lr_tensor: Tensor | None = None
         lr_float = 0.0
         if isinstance(lr, Tensor):
-            if lr.device == device:
-                lr_tensor = lr
-            elif lr.device.type == "cpu":
-                if capturable:
-                    raise RuntimeError(
-                        "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
-                        f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
-                    )
-                lr_float = float(lr.item())  # a host read of host memory: no device sync
-            else:
-                lr_tensor = lr.to(device, non_blocking=True)
+            if lr.device.type == "cpu" and device.type != "cpu" and capturable:
+                raise RuntimeError(
+                    "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
+                    f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
+                )
+            # A CPU lr goes to the kernel of any device as it is: read (and checked) on the host.
+            lr_tensor = lr if lr.device == device or lr.device.type == "cpu" else _to(lr, device)
         else:
             lr_float = float(lr)
-        scale = grad_scale.to(device, non_blocking=True) if grad_scale is not None else None
-        inf = found_inf.to(device, non_blocking=True) if found_inf is not None else None
+        scale = _to(grad_scale, device) if grad_scale is not None else None
+        inf = _to(found_inf, device) if found_inf is not None else None
         _fused_adam_op(
             *sel,
             lr_tensor,
@@ -180,7 +191,11 @@ class FusedAdam(Optimizer):
 
     Args:
         params: iterable of parameters or param-group dicts (each group may override any argument).
-        lr: learning rate, a float or a 1-element tensor (a scheduler may change it between steps).
+        lr: learning rate, a float or a 1-element floating tensor (a scheduler may change it between
+            steps). Checked (>= 0, finite) here and in ``add_param_group``. A float or a CPU tensor
+            lr is also checked at every step, on every device (a negative or NaN value raises); a
+            tensor lr on the params' device is read by the kernel there, without a host sync, and so
+            is not checked again at step time, as in torch's fused Adam.
         betas: (beta1, beta2) in [0, 1). eps, weight_decay: >= 0.
         amsgrad: keep the running maximum of the second moment and normalise by it.
         maximize: ascend instead of descend.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,7 +16,7 @@ import torch
 from fastops import reference
 from fastops.optim import FusedAdam, FusedAdamW
 from fastops.optim.fused_adam import fused_adam
-from tests.helpers import HALF_DTYPES, devices, ulp_floor
+from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, dtypes, ulp_floor
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
 SHAPES = [(7, 5), (), (0,), (300, 257), (3, 0, 2), (33,), (1, 17), (0,)]
@@ -200,22 +202,38 @@ def test_half_precision_2x_rule(device: str, dtype: torch.dtype, kind: str, amsg
         opt.step()
         ref.step()
         ref64.step()
-    names = ["param"] + ["exp_avg", "exp_avg_sq"]
-    for i, (a, b, c) in enumerate(zip(ours, theirs, exact, strict=True)):
+    _assert_2x_rule((opt, ours), (ref, theirs), (ref64, exact))
+
+
+Run = tuple[torch.optim.Optimizer, list[torch.Tensor]]
+
+
+def _assert_2x_rule(ours: Run, theirs: Run, exact: Run) -> None:
+    """fp16/bf16 runs, per tensor (the param and each moment): our max error against the float64 run
+    `exact` is at most twice that of `theirs` (torch.optim in our dtype), plus one ulp of the values.
+    Per tensor, not per element: over several steps the two roundings drift apart element by element."""
+    (opt, ps), (ref, qs), (ref64, rs) = ours, theirs, exact
+    for i, (a, b, c) in enumerate(zip(ps, qs, rs, strict=True)):
         if a.numel() == 0:
             continue
-        trios = [(a, b, c)] + [(opt.state[a][n], ref.state[b][n], ref64.state[c][n]) for n in names[1:]]
-        for name, (x, y, z) in zip(names, trios, strict=True):
+        moments = [n for n in opt.state[a] if n != "step"]
+        trios = [("param", a, b, c)] + [
+            (n, opt.state[a][n], ref.state[b][n], ref64.state[c][n]) for n in moments
+        ]
+        for name, x, y, z in trios:
             ours_err = (x.double() - z).abs().max().item()
             torch_err = (y.double() - z).abs().max().item()
-            allowed = 2 * max(torch_err, ulp_floor(dtype) * z.abs().max().item()) + 1e-7
+            allowed = 2 * max(torch_err, ulp_floor(x.dtype) * z.abs().max().item()) + 1e-7
             assert ours_err <= allowed, (
                 f"tensor {i} {name}: error {ours_err:.3e} > 2x torch's {torch_err:.3e}"
             )
 
 
-def _functional_args(device: str, amsgrad: bool = False) -> tuple[list[list[torch.Tensor]], dict]:
-    params = _params(device)
+def _functional_args(
+    device: str, amsgrad: bool = False, dtype: torch.dtype = torch.float32, shapes=SHAPES
+) -> tuple[list[list[torch.Tensor]], dict]:
+    """The six lists of fused_adam (steps at 3) and its hyper-parameters, for a direct call."""
+    params = _params(device, dtype, shapes)
     lists = [
         params,
         _grads(params, 0),
@@ -239,6 +257,47 @@ def _functional_args(device: str, amsgrad: bool = False) -> tuple[list[list[torc
 
 def _clone_lists(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
     return [[t.clone() for t in lst] for lst in lists]
+
+
+Lists = list[list[torch.Tensor]]
+_LIST_NAMES = ("params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "steps")
+
+
+def _reference_of(lists: Lists, hyper: dict, **scalars) -> tuple[Lists, Lists | None]:
+    """What one fused_adam call on `lists` must give, computed before it runs: fastops.reference on
+    float64 CPU copies and, when the params are fp16/bf16, on CPU copies in their own dtype (torch's
+    own rounding, which the 2x rule allows twice over)."""
+    exact = [[t.detach().cpu().double() for t in lst] for lst in lists]
+    reference.adam_step(*exact, **hyper, **scalars)
+    eager = None
+    if any(p.dtype in HALF_DTYPES for p in lists[0]):
+        eager = [[t.detach().cpu().clone() for t in lst] for lst in lists]
+        reference.adam_step(*eager, **hyper, **scalars)
+    return exact, eager
+
+
+def _assert_matches(lists: Lists, exact: Lists, eager: Lists | None = None) -> None:
+    """Every tensor of the six lists (grads and steps included) against _reference_of's result: fp32
+    near assert_close's defaults, fp16/bf16 element by element by the 2x rule (one step only)."""
+
+    def cat(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1).cpu() for t in ts])
+
+    for k, name in enumerate(_LIST_NAMES):
+        if not lists[k]:
+            continue
+        triples = [(t, exact[k][i], None if eager is None else eager[k][i]) for i, t in enumerate(lists[k])]
+        try:  # one comparison per list, so thousands of tiny tensors stay fast
+            assert_close_to_reference(
+                cat(lists[k]), cat(exact[k]), eager=None if eager is None else cat(eager[k])
+            )
+        except AssertionError:
+            for i, (t, e, g) in enumerate(triples):  # name the first tensor that fails
+                try:
+                    assert_close_to_reference(t, e, eager=g)
+                except AssertionError as err:
+                    raise AssertionError(f"{name}[{i}]: {err}") from None
+            raise
 
 
 @devices
@@ -316,6 +375,289 @@ def test_grad_scaler(device: str, unscale_first: bool) -> None:
             float(opt.state[a]["step"]) == float(ref.state[b]["step"]) == 5.0
         )  # the inf step is not counted
         torch.testing.assert_close(a.grad, b.grad)  # grads end unscaled either way
+
+
+# --- Every CUDA path (each also run on the CPU), and scalars crossing devices -----------------------
+
+
+def _packed(tensors: list[torch.Tensor], lead: int) -> list[torch.Tensor]:
+    """Copies of `tensors` as consecutive views into one flat buffer (zeros elsewhere), the first at
+    element `lead`, the last moved up to a multiple of 16 elements (so it stays 16-byte aligned)."""
+    starts, end = [], lead
+    for i, t in enumerate(tensors):
+        if i == len(tensors) - 1:
+            end = -(-end // 16) * 16
+        starts.append(end)
+        end += t.numel()
+    flat = torch.zeros(end, dtype=tensors[0].dtype, device=tensors[0].device)
+    views = [flat[s : s + t.numel()].view(t.shape) for s, t in zip(starts, tensors, strict=True)]
+    for v, t in zip(views, tensors, strict=True):
+        v.copy_(t)
+    return views
+
+
+def _padding(views: list[torch.Tensor]) -> torch.Tensor:
+    """The elements of the views' flat buffer that no view covers."""
+    flat = views[0]._base
+    assert flat is not None
+    covered = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
+    for v in views:
+        covered[v.storage_offset() : v.storage_offset() + v.numel()] = True
+    return flat[~covered]
+
+
+@devices
+@dtypes
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_unaligned_views_into_flat_buffers(device: str, dtype: torch.dtype, amsgrad: bool) -> None:
+    """Params, grads, moments and steps as views into one flat buffer per list at odd element offsets,
+    as DDP gradient buckets and flat-param schemes lay them out: not 16-byte aligned, so CUDA takes the
+    element-wise path (one tensor spans two blocks), while the aligned last tensor in the same launch
+    keeps the vector path. Under grad_scale (grads written back), with Adam's L2 decay."""
+    shapes = [(16384 + 37,), (5,), (3, 7), (1000,), (0,), (64, 33)]
+    lists, hyper = _functional_args(device, amsgrad, dtype, shapes)
+    hyper["decoupled_weight_decay"] = False
+    scale = torch.tensor(8.0, device=device)
+    lists[1] = [g * 8 for g in lists[1]]
+    lists = [_packed(lst, lead=2 * k + 1) if lst else lst for k, lst in enumerate(lists)]
+    assert all(lst[0].data_ptr() % 16 and lst[-1].data_ptr() % 16 == 0 for lst in lists if lst)
+    exact, eager = _reference_of(lists, hyper, grad_scale=scale)
+    fused_adam(*lists, **hyper, grad_scale=scale)
+    _assert_matches(lists, exact, eager)
+    for name, lst in zip(_LIST_NAMES, lists, strict=True):
+        if lst:
+            assert not _padding(lst).any(), f"{name}: an element between the views was written"
+
+
+@devices
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+def test_more_tensors_than_one_launch_holds(device: str, amsgrad: bool) -> None:
+    """4100 small tensors (every 13th empty): more than one CUDA update launch's table holds (613, 532
+    with amsgrad) and more than one step-increment launch (4063). Each tensor's own step drives its bias
+    corrections; with found_inf set, no launch touches anything."""
+    shapes = [((i * 7) % 13,) for i in range(4100)]
+    lists, hyper = _functional_args(device, amsgrad, shapes=shapes)
+    lists[5] = [torch.full((), float(i % 5), device=device) for i in range(len(shapes))]
+    exact, _ = _reference_of(lists, hyper)
+    fused_adam(*lists, **hyper)
+    _assert_matches(lists, exact)
+    before = _clone_lists(lists)
+    fused_adam(*lists, **hyper, found_inf=torch.ones((), device=device))
+    for name, lst, old in zip(_LIST_NAMES, lists, before, strict=True):
+        assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
+
+
+@devices
+@dtypes
+def test_non_dense_grads_written_back_unscaled(device: str, dtype: torch.dtype) -> None:
+    """Grads laid out unlike their params (column-major; a strided slice of a bigger buffer) under
+    grad_scale: the kernel works on dense copies, and the unscaled grads land in the caller's tensors,
+    in their layout, leaving the rest of the buffer alone."""
+    lists, hyper = _functional_args(device, dtype=dtype, shapes=[(7, 5), (33, 17), (4, 9)])
+    scale = torch.tensor(16.0, device=device)
+    column_major, sliced, dense = (g * 16 for g in lists[1])
+    column_major = column_major.t().contiguous().t()
+    buffer = torch.zeros(33, 34, dtype=dtype, device=device)
+    buffer[:, ::2] = sliced
+    lists[1] = [column_major, buffer[:, ::2], dense]
+    assert lists[1][0].stride() == (1, 7) and lists[1][1].stride() == (34, 2)  # dense; not dense
+    exact, eager = _reference_of(lists, hyper, grad_scale=scale)
+    fused_adam(*lists, **hyper, grad_scale=scale)
+    _assert_matches(lists, exact, eager)
+    assert lists[1][0].stride() == (1, 7) and not buffer[:, 1::2].any()
+
+
+@contextlib.contextmanager
+def _no_host_sync(device: str) -> Iterator[None]:
+    """On CUDA, any host-device sync inside raises; on the CPU, nothing."""
+    if device != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _assert_state_close_to_float64(ours: torch.optim.Optimizer, exact: torch.optim.Optimizer) -> None:
+    """Params and state of `ours` against a float64 run of the same steps (assert_close defaults)."""
+    for (p, state), (q, ref_state) in zip(ours.state.items(), exact.state.items(), strict=True):
+        assert state.keys() == ref_state.keys()
+        for key in state:
+            try:
+                assert_close_to_reference(state[key], ref_state[key])
+            except AssertionError as err:
+                raise AssertionError(f"state {key} of a {tuple(p.shape)} param: {err}") from None
+        assert_close_to_reference(p, q)
+
+
+@devices
+@pytest.mark.parametrize("lr_dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_tensor_lr_on_the_params_device(device: str, lr_dtype: torch.dtype) -> None:
+    """A tensor lr on the params' device, read by the kernel there (float64 and bf16 ones cast on the
+    device), with Adam's L2 decay, amsgrad and maximize, against torch.optim.Adam in float64; an
+    in-place change (a scheduler's) reaches the next step. On CUDA the steps make no host sync."""
+    base = _params(device)
+    lr = torch.tensor(1e-2, dtype=lr_dtype, device=device)
+    kwargs = {"weight_decay": 0.1, "amsgrad": True, "maximize": True}
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdam(_groups(ours, lr), lr=lr, **kwargs)
+    ref = torch.optim.Adam(_groups(exact, float(lr)), lr=float(lr), foreach=False, **kwargs)
+    for k in range(STEPS):
+        for p, q, g in zip(ours, exact, _grads(ours, k), strict=True):
+            p.grad, q.grad = g, g.double()
+        with _no_host_sync(device):
+            opt.step()
+        ref.step()
+        if k == 3:
+            for ours_group, ref_group in zip(opt.param_groups, ref.param_groups, strict=True):
+                ours_group["lr"].mul_(0.5)  # exact in every lr dtype
+                ref_group["lr"] *= 0.5
+    _assert_state_close_to_float64(opt, ref)
+
+
+@devices
+@pytest.mark.parametrize("bad", [-1e-3, math.nan], ids=["negative", "nan"])
+def test_cpu_tensor_lr_is_checked_at_every_step(device: str, bad: float) -> None:
+    """A CPU tensor lr is read on the host and checked at every step on both devices: made negative or
+    NaN after construction, the step raises naming the op and lr, and leaves everything as it was. The
+    op itself takes a CPU lr for params of either device. A tensor lr on the device is checked when the
+    optimizer is built and when a group is added."""
+    p = torch.randn(5, device=device, requires_grad=True)
+    lr = torch.tensor(1e-2)
+    opt = FusedAdam([p], lr=lr)
+    p.grad = torch.ones(5, device=device)
+    opt.step()
+    before, step = p.detach().clone(), opt.state[p]["step"].clone()
+    lr.fill_(bad)
+    with pytest.raises(RuntimeError, match=r"fastops\.fused_adam_: expected lr >= 0, got"):
+        opt.step()
+    assert torch.equal(p.detach(), before) and torch.equal(opt.state[p]["step"], step)
+
+    lists, hyper = _functional_args(device)
+    floats = [0.0, *list(hyper.values())[1:]]  # lr_tensor replaces the float lr
+    with pytest.raises(RuntimeError, match=r"fastops\.fused_adam_: expected lr >= 0, got"):
+        torch.ops.fastops.fused_adam_(*lists, torch.tensor(bad), *floats)
+    exact, _ = _reference_of(lists, hyper)
+    torch.ops.fastops.fused_adam_(*lists, torch.tensor(hyper["lr"], dtype=torch.float64), *floats)
+    _assert_matches(lists, exact)
+
+    for cls in (FusedAdam, FusedAdamW):
+        with pytest.raises(ValueError, match="invalid learning rate"):
+            cls([p], lr=torch.tensor(bad, device=device))
+        opt = cls([p], lr=torch.tensor(1e-2, device=device))
+        with pytest.raises(ValueError, match="invalid learning rate"):
+            opt.add_param_group(
+                {"params": [torch.zeros(2, device=device)], "lr": torch.tensor(bad, device=device)}
+            )
+
+
+def _state_lists(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> Lists:
+    """Each state entry (step included) of every param, one list per key."""
+    return [[opt.state[p][key] for p in params] for key in opt.state[params[0]]]
+
+
+def _scaler_steps(
+    opt: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    scaler: torch.amp.GradScaler,
+    steps: int,
+    inf_step: int | None,
+) -> Iterator[list[torch.Tensor]]:
+    """`steps` steps of `opt` under a real `scaler`, with _grads' gradients scaled by it (a power of
+    two, so unscaling gives them back exactly) and an inf in params[0]'s grad at `inf_step`. Checks
+    that the skipped step changed nothing (params, grads, state, steps) and that every other step wrote
+    the grads back unscaled; yields the grads of each step taken, for the reference runs."""
+    scaler.scale(torch.ones((), device=params[0].device))  # creates the scale, as scaling the loss would
+    for k in range(steps):
+        grads = _grads(params, k)
+        scale = scaler.get_scale()
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g * scale
+        if k == inf_step:
+            params[0].grad.view(-1)[0] = math.inf
+            before = _clone_lists([params, [p.grad for p in params], *_state_lists(opt, params)])
+        scaler.step(opt)
+        scaler.update()
+        if k == inf_step:
+            after = [params, [p.grad for p in params], *_state_lists(opt, params)]
+            for name, lst, old in zip(["params", "grads", *opt.state[params[0]]], after, before, strict=True):
+                assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), (
+                    f"skipped step: {name} changed"
+                )
+            assert scaler.get_scale() == scale / 2
+            continue
+        for p, g in zip(params, grads, strict=True):
+            assert torch.equal(p.grad, g), f"grad on {p.device} not written back unscaled"
+        yield grads
+
+
+@devices
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+def test_grad_scaler_with_half_params(device: str, dtype: torch.dtype) -> None:
+    """fp16/bf16 params under a real torch.amp.GradScaler: the kernel unscales the grads and writes
+    them back unscaled; on the step with an inf, params, grads, moments and steps all stay as they
+    were; the steps taken follow the 2x rule against torch.optim.AdamW."""
+    base = [p * 0.1 for p in _params(device, dtype)]
+    kwargs = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-4, "amsgrad": True}
+    ours, theirs, exact = _leaves(base), _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdamW(ours, **kwargs)
+    ref, ref64 = (
+        torch.optim.AdamW(theirs, foreach=False, **kwargs),
+        torch.optim.AdamW(exact, foreach=False, **kwargs),
+    )
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**8, growth_interval=1000)
+    for grads in _scaler_steps(opt, ours, scaler, steps=4, inf_step=2):
+        for b, c, g in zip(theirs, exact, grads, strict=True):
+            b.grad, c.grad = g.clone(), g.double()
+        ref.step()
+        ref64.step()
+    assert all(float(opt.state[p]["step"]) == 3.0 for p in ours)
+    _assert_2x_rule((opt, ours), (ref, theirs), (ref64, exact))
+
+
+class _CopyRecorder(torch.overrides.TorchFunctionMode):
+    """Records every Tensor.to as (source device, target device, non_blocking), and brings meta tensors
+    (stand-ins for CUDA scalars on a machine with no GPU) to the CPU as the values they stand for."""
+
+    def __init__(self, values: dict[int, float]) -> None:
+        super().__init__()
+        self.values = values
+        self.copies: list[tuple[torch.device, torch.device | None, bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.to:
+            src = args[0]
+            device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+            self.copies.append((src.device, device, non_blocking))
+            if src.is_meta and device is not None and device.type == "cpu":
+                return torch.full(src.shape, self.values[id(src)], dtype=dtype or src.dtype)
+        return func(*args, **kwargs)
+
+
+def test_device_scalars_reach_cpu_params_by_blocking_copies() -> None:
+    """CPU params whose lr, grad_scale and found_inf live on a device (a CPU group with a CUDA lr
+    under a CUDA GradScaler): the CPU kernel reads them the moment it is called, so each must be copied
+    over blocking; a non_blocking copy into the CPU may not have landed yet. Meta tensors stand in for
+    CUDA ones, so this runs without a GPU (see test_cpu_group_with_cuda_lr_under_cuda_grad_scaler)."""
+    lists, hyper = _functional_args("cpu", amsgrad=True)
+    values = {"lr": hyper.pop("lr"), "grad_scale": 4.0, "found_inf": 0.0}
+    on_device = {name: torch.empty((), device="meta") for name in values}
+    lists[1] = [g * 4 for g in lists[1]]
+    exact, _ = _reference_of(
+        lists, {**hyper, "lr": values["lr"]}, grad_scale=torch.tensor(4.0), found_inf=torch.tensor(0.0)
+    )
+    recorder = _CopyRecorder({id(on_device[name]): v for name, v in values.items()})
+    with recorder:
+        fused_adam(*lists, **hyper, **on_device)
+    into_cpu = [c for c in recorder.copies if c[1] is not None and c[1].type == "cpu"]
+    assert len(into_cpu) == 3, recorder.copies
+    assert not any(non_blocking for *_, non_blocking in into_cpu), (
+        f"non-blocking copies into the CPU: {into_cpu}"
+    )
+    _assert_matches(lists, exact)
 
 
 def _checkpoint(state_dict: dict) -> dict:
@@ -522,9 +864,7 @@ def test_torch_compile_step(device: str) -> None:
     _assert_state_equal(opt, ref)
 
 
-# --- CUDA only: capturable semantics and CUDA graphs -------------------------------------------------
-
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# --- CUDA only: capturable, CUDA graphs, scalars and params across devices, past 2^31 elements ------
 
 
 @cuda_only
@@ -589,6 +929,88 @@ def test_one_group_on_two_devices() -> None:
     _run(ref, theirs, 3)
     _assert_state_equal(opt, ref)
     assert all(opt.state[p]["step"].device == p.device for p in ours)
+
+
+@cuda_only
+def test_cpu_group_with_cuda_lr_under_cuda_grad_scaler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA group and a CPU group whose lr is a CUDA tensor, under a CUDA GradScaler: the CPU kernel
+    gets lr, grad_scale and found_inf from the GPU, copied blocking while the stream is kept busy (a
+    non-blocking copy would not have landed when the kernel reads it); an inf in a CUDA grad skips the
+    CPU group too; everything matches torch.optim.Adam in float64."""
+
+    # torch's GradScaler hands its own scalars to the CPU grads with non_blocking=True (the same race):
+    # make those copies blocking, so only ours is under test, and keep the stream busy after each.
+    def blocking_get(self, device: torch.device) -> torch.Tensor:
+        if device not in self._per_device_tensors:
+            self._per_device_tensors[device] = self.master.to(device, copy=True)
+            torch.cuda._sleep(20_000_000)
+        return self._per_device_tensors[device]
+
+    monkeypatch.setattr(torch.amp.grad_scaler._MultiDeviceReplicator, "get", blocking_get)
+    base = [t.cuda() if i < 4 else t for i, t in enumerate(_params("cpu"))]
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    kwargs = {"lr": 1e-2, "weight_decay": 0.1, "amsgrad": True}
+    cuda_lr = torch.tensor(5e-3, device="cuda")
+    opt = FusedAdam([{"params": ours[:4]}, {"params": ours[4:], "lr": cuda_lr}], **kwargs)
+    ref = torch.optim.Adam(
+        [{"params": exact[:4]}, {"params": exact[4:], "lr": 5e-3}], foreach=False, **kwargs
+    )
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=1000)
+    for grads in _scaler_steps(opt, ours, scaler, steps=4, inf_step=1):  # the inf is found on the GPU
+        for q, g in zip(exact, grads, strict=True):
+            q.grad = g.double()
+        ref.step()
+    _assert_state_close_to_float64(opt, ref)
+    assert all(float(opt.state[p]["step"]) == 3.0 for p in ours)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_params_on_a_second_gpu() -> None:
+    """Params on cuda:1 while cuda:0 is current (one group spans both): the op guards the device and
+    launches on cuda:1's stream; a tensor lr and a GradScaler on cuda:0 are copied over."""
+    base = [t.to("cuda:1" if i % 3 else "cuda:0") for i, t in enumerate(_params("cpu"))]
+    ours, exact = _leaves(base), _leaves(base, torch.float64)
+    opt = FusedAdamW(_groups(ours, torch.tensor(1e-2, device="cuda:0")), amsgrad=True)
+    ref = torch.optim.AdamW(_groups(exact, 1e-2), amsgrad=True, foreach=False)
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0**10, growth_interval=1000)
+    assert torch.cuda.current_device() == 0 and base[0].device == torch.device("cuda:0")
+    for grads in _scaler_steps(opt, ours, scaler, steps=3, inf_step=None):
+        for q, g in zip(exact, grads, strict=True):
+            q.grad = g.double()
+        ref.step()
+    _assert_state_close_to_float64(opt, ref)
+    assert all(opt.state[p]["step"].device == p.device for p in ours)
+
+
+@cuda_only
+@pytest.mark.large
+def test_tensor_of_more_than_2_31_elements() -> None:
+    """One bf16 tensor of 2^31 + 4099 elements (4.3 GB a list, 21.5 GB in all with amsgrad), then a
+    small one in the same launch: 64-bit indexing past element 2^31, block offsets past it, and the
+    element-wise tail (numel % 8 = 3). Checked on slices (the head, across 2^31, the tail) and the small
+    tensor against the float64 reference of the same elements; the step is elementwise, so a slice's
+    reference needs only that slice."""
+    n, dtype = 2**31 + 4099, torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(scale: float) -> torch.Tensor:
+        return torch.randn(n, generator=gen, dtype=dtype, device="cuda").mul_(scale)
+
+    small, small_hyper = _functional_args("cuda", amsgrad=True, dtype=dtype, shapes=[(33,)])
+    big = [randn(1.0), randn(1.0), randn(0.1), randn(0.1).abs_(), randn(0.2).abs_()]
+    lists = [[t, *s] for t, s in zip(big, small, strict=False)] + [
+        [torch.full((), 3.0, device="cuda"), *small[5]]
+    ]
+    scale = torch.tensor(2.0, device="cuda")
+    slices = [(0, 1000), (2**31 - 20000, 2**31 + 20000), (n - 5000, n)]
+    # The checked elements as views (so they show the result) and the small tensor, one step each.
+    views = [[t[a:b] for a, b in slices] + s for t, s in zip(big, small, strict=False)]
+    views.append([lists[5][0]] * len(slices) + [lists[5][1]])
+    exact, eager = _reference_of(views, small_hyper, grad_scale=scale)
+    fused_adam(*lists, **small_hyper, grad_scale=scale)
+    _assert_matches(views, exact, eager)
+    del big, lists, views
+    torch.cuda.empty_cache()
 
 
 # --- DDP --------------------------------------------------------------------------------------------

@@ -27,13 +27,23 @@ struct Hyper {
 };
 
 // The same bounds torch.optim.Adam enforces, also at step time (a scheduler or a loaded
-// checkpoint can change a group after construction).
+// checkpoint can change a group after construction). h.lr is the float lr or the value of an lr
+// tensor in host memory; an lr tensor on the device is not read here (that would be a host sync).
 inline void check_hyper(const Hyper& h) {
   TORCH_CHECK(h.lr >= 0.0, "fastops.fused_adam_: expected lr >= 0, got ", str(h.lr));
   TORCH_CHECK(h.beta1 >= 0.0 && h.beta1 < 1.0, "fastops.fused_adam_: expected beta1 in [0, 1), got ", str(h.beta1));
   TORCH_CHECK(h.beta2 >= 0.0 && h.beta2 < 1.0, "fastops.fused_adam_: expected beta2 in [0, 1), got ", str(h.beta2));
   TORCH_CHECK(h.eps >= 0.0, "fastops.fused_adam_: expected eps >= 0, got ", str(h.eps));
   TORCH_CHECK(h.weight_decay >= 0.0, "fastops.fused_adam_: expected weight_decay >= 0, got ", str(h.weight_decay));
+}
+
+// The value of a 1-element floating tensor in host memory (a CPU lr, grad_scale or found_inf): a plain
+// load, no device sync.
+inline double host_scalar(const char* arg, const at::Tensor& t) {
+  TORCH_CHECK(t.numel() == 1 && t.device().is_cpu() && at::isFloatingType(t.scalar_type()),
+              "fastops.fused_adam_: expected ", arg, " to be a 1-element floating tensor on the CPU, got ",
+              str(t.scalar_type()), " with ", str(t.numel()), " elements on ", str(t.device()));
+  return t.item<double>();
 }
 
 // Two dense tensors whose elements sit in the same order in memory: equal strides on every dimension
