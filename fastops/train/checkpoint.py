@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
+import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -31,20 +33,30 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
-    """torch.save to ``path`` such that ``path`` always holds either the old or the new complete file.
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Write a file through ``write(f)`` such that ``path`` always holds either the old or the new
+    complete file.
 
     The bytes go to a temporary file in the same directory (same filesystem, so the rename is
     atomic), are flushed and fsync'ed to disk, then ``os.replace`` swaps the name over, and the
     directory is fsync'ed so the rename itself survives a power loss. A crash at any point leaves
-    the previous checkpoint intact; only a stray ``.tmp`` file can remain, which is removed on error.
+    the previous file intact; only a stray ``.tmp`` file can remain, which is removed on error.
+
+    The file gets the permissions a plain ``open(path, "wb")`` (and so ``torch.save(obj, path)``)
+    would give it: those of the file it replaces, else 0o666 less the umask. ``tempfile.mkstemp``
+    would make it 0o600 whatever the umask.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    # O_EXCL: never write into a file someone else created under that name. The mode is filtered
+    # through the umask by the kernel, without changing the process-wide umask to read it.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -57,6 +69,11 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
+    """torch.save to ``path`` through atomic_write: a crash mid-save keeps the previous checkpoint."""
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load(path: str | os.PathLike[str], map_location: torch.device | str = "cpu") -> dict[str, Any]:

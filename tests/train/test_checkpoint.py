@@ -4,6 +4,7 @@ run bit for bit (CPU, fp32)."""
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 import torch
@@ -33,6 +34,23 @@ def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None
     assert torch.equal(loaded["w"], good["w"])
     assert torch.equal(loaded["rng"][0], good["rng"][0])
     assert sorted(os.listdir(tmp_path)) == ["last.pt"]  # no stray temporary file
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002], ids=lambda m: f"umask{m:03o}")
+def test_checkpoints_get_the_permissions_torch_save_gives(tmp_path, umask: int) -> None:
+    state = {"format": checkpoint.FORMAT_VERSION, "w": torch.arange(3.0)}
+    before = os.umask(umask)
+    try:
+        torch.save(state, tmp_path / "plain.pt")
+        checkpoint.atomic_save(state, tmp_path / "last.pt")
+    finally:
+        os.umask(before)
+    mode = lambda name: stat.S_IMODE(os.stat(tmp_path / name).st_mode)  # noqa: E731
+    assert mode("last.pt") == mode("plain.pt") == 0o666 & ~umask
+    # Replacing a file keeps its permissions, as torch.save's open(path, "wb") does.
+    os.chmod(tmp_path / "last.pt", 0o640)
+    checkpoint.atomic_save(state, tmp_path / "last.pt")
+    assert mode("last.pt") == 0o640
 
 
 def test_load_rejects_missing_and_foreign_files(tmp_path) -> None:
