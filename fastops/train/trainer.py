@@ -303,7 +303,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from self.epoch to cfg.epochs (or early stop / --stop-after-epoch); return the summary."""
         cfg = self.cfg
-        metrics = MetricsWriter(self.run_dir, resume=cfg.resume is not None) if self.is_main else None
+        metrics = MetricsWriter(self.run_dir, self.history, step=self.step) if self.is_main else None
         started_at = self.epoch
         stopped = "completed"
         wall = time.perf_counter()
