@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import secrets
 import stat
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+
+from fastops.train.config import ConfigError
 
 FORMAT_VERSION = 1
 
@@ -76,14 +80,106 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def load(path: str | os.PathLike[str], map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with weights_only=True and check its format."""
+class CheckpointError(ConfigError):
+    """A checkpoint file that cannot be used: damaged, not ours, or (for --resume) weights only.
+    The message names the file and, for --resume, where the last good checkpoint is."""
+
+
+# What Trainer.state_dict writes; a file without all of them is not a training state to resume.
+RESUMABLE_KEYS = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "early_stopping",
+    "epoch",
+    "step",
+    "rng",
+    "history",
+    "config",
+)
+
+
+def _damage(path: Path) -> str | None:
+    """Why ``path`` is not an intact torch.save archive, or None.
+
+    torch.save writes a zip archive with a CRC-32 per record. torch.load notices a damaged
+    directory of the archive (with an error that does not name the file), but not flipped bits
+    inside a tensor's bytes: those load as wrong weights. Reading every record through zipfile
+    checks all the CRCs; it reads the file once more, once per resume.
+    """
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size > 0:
+                    continue  # written with torch.serialization.set_crc32_options(False)
+                with archive.open(info) as record:
+                    while record.read(1 << 24):  # raises BadZipFile at the end on a CRC mismatch
+                        pass
+    # Damage can surface as any of zipfile's errors (BadZipFile, EOFError, struct.error,
+    # NotImplementedError for a garbled compression method, ...): each means the same thing here.
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _resume_instead(path: Path) -> str:
+    """Where to resume from instead of ``path``: the last.pt beside it, when that one is good."""
+    last = path.parent / "last.pt"
+    if last.is_file() and not last.samefile(path):
+        with contextlib.suppress(CheckpointError, OSError):
+            epoch = load(last, resumable=True)["epoch"]
+            return f"the last good checkpoint there is {str(last)!r} (epoch {epoch})"
+    return (
+        f"there is no other resumable checkpoint in {str(path.parent)!r}; "
+        "run without --resume to start afresh"
+    )
+
+
+def load(
+    path: str | os.PathLike[str], map_location: torch.device | str = "cpu", *, resumable: bool = False
+) -> dict[str, Any]:
+    """Load a checkpoint with weights_only=True after checking that the file is intact, and check
+    its format; with ``resumable``, also that it holds a whole training state (as last.pt does).
+
+    Raises FileNotFoundError for a missing file and CheckpointError for any other file that cannot
+    be used, with a message that names it, says what is wrong and, with ``resumable``, where the
+    last good checkpoint is.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"fastops.train: no checkpoint file at {str(path)!r}")
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+
+    def fail(problem: str) -> CheckpointError:
+        where = f"; {_resume_instead(path)}" if resumable else ""
+        return CheckpointError(f"fastops.train: {str(path)!r} {problem}{where}")
+
+    damage = _damage(path)
+    if damage is not None:
+        raise fail(f"is damaged or not a torch.save file ({damage})")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise fail(
+            "is not a fastops.train checkpoint: it pickles Python objects that "
+            "torch.load(weights_only=True) refuses to load"
+        ) from e
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # an intact zip archive that is not a torch.save file
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise fail(f"is not a checkpoint torch.load can read ({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"fastops.train: {str(path)!r} is not a fastops.train checkpoint (format {FORMAT_VERSION})"
+        raise fail(f"is not a fastops.train checkpoint (format {FORMAT_VERSION})")
+    missing = [key for key in RESUMABLE_KEYS if key not in ckpt]
+    if resumable and missing == [key for key in RESUMABLE_KEYS if key not in ("model", "epoch")]:
+        raise fail(
+            "holds model weights only (best.pt: the weights of the best epoch), not a training "
+            "state to resume from; to use the weights: "
+            f"model.load_state_dict(torch.load({str(path)!r}, weights_only=True)['model'])"
         )
+    if resumable and missing:
+        raise fail(f"is not a resumable fastops.train checkpoint (it has no {', '.join(missing)})")
     return ckpt

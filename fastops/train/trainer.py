@@ -154,7 +154,7 @@ class Trainer:
         distributed.barrier(self.dist)
 
     def load(self, path: str | Path) -> None:
-        ckpt = checkpoint.load(path, map_location=self.device)
+        ckpt = checkpoint.load(path, map_location=self.device, resumable=True)
         saved = ckpt["config"]
         for key in RESUME_INVARIANTS:
             if saved.get(key) != getattr(self.cfg, key):
@@ -178,7 +178,15 @@ class Trainer:
             )
         best = Path(path).parent / "best.pt"
         if best.is_file():
-            self.best_state = checkpoint.load(best, map_location=self.device)["model"]
+            try:
+                self.best_state = checkpoint.load(best, map_location=self.device)["model"]
+            except checkpoint.CheckpointError as e:
+                raise checkpoint.CheckpointError(
+                    f"{e}. It is the best epoch's weights beside --resume {str(path)!r}, which the "
+                    "held-out test at the end of the run uses; restore it, or move it away to resume "
+                    "without it (best.pt then starts again from the next epoch that beats the best "
+                    "validation accuracy so far)"
+                ) from e
 
     # ---------------------------------------------------------------- the epochs
     def _batches(self, loader) -> Any:

@@ -3,13 +3,21 @@ run bit for bit (CPU, fp32)."""
 
 from __future__ import annotations
 
+import io
 import os
+import random
+import shutil
 import stat
+import struct
+import zipfile
 
 import pytest
 import torch
+from torch import nn
 
 from fastops.train import NonFiniteLossError, Trainer, checkpoint, fit
+from fastops.train.cli import main
+from fastops.train.model import build_model
 from tests.train.common import tiny_config
 
 
@@ -115,3 +123,80 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:
     assert all(torch.isfinite(v).all() for v in last["model"].values() if v.is_floating_point())
     summary = (tmp_path / "summary.json").read_text()
     assert '"nonfinite_loss"' in summary
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished tiny run: a good last.pt and best.pt."""
+    out = tmp_path_factory.mktemp("run")
+    fit(tiny_config(out, fastops=False, epochs=1))
+    return out
+
+
+def _flip_a_bit_in_the_largest_tensor(data: bytes) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        info = max(archive.infolist(), key=lambda i: i.file_size)
+    # The record's bytes follow its 30-byte local header, file name and extra field.
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    return data[:at] + bytes([data[at] ^ 0x04]) + data[at + 1 :]
+
+
+DAMAGES = {
+    "truncated": lambda data: data[: len(data) // 2],
+    "one byte short": lambda data: data[:-1],
+    "empty": lambda data: b"",
+    "random bytes": lambda data: random.Random(0).randbytes(len(data)),
+    "flipped bits in the archive's directory": lambda data: data[:-40] + bytes(b ^ 0xFF for b in data[-40:]),
+    "a flipped bit in a tensor": _flip_a_bit_in_the_largest_tensor,
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_is_named_and_the_good_one_pointed_to(run_dir, tmp_path, damage) -> None:
+    damaged = run_dir / f"copy-{damage.replace(' ', '-')}.pt"
+    damaged.write_bytes(DAMAGES[damage]((run_dir / "last.pt").read_bytes()))
+    try:
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.load(damaged, resumable=True)
+    finally:
+        damaged.unlink()
+    message = str(e.value)
+    assert repr(str(damaged)) in message and "is damaged" in message
+    assert f"the last good checkpoint there is {str(run_dir / 'last.pt')!r} (epoch 1)" in message
+
+    # last.pt itself damaged: nothing else to point to.
+    (tmp_path / "last.pt").write_bytes(DAMAGES[damage]((run_dir / "last.pt").read_bytes()))
+    with pytest.raises(checkpoint.CheckpointError, match="no other resumable checkpoint"):
+        checkpoint.load(tmp_path / "last.pt", resumable=True)
+
+
+def test_resume_from_best_pt_says_it_holds_weights_only(run_dir, capsys) -> None:
+    best = run_dir / "best.pt"
+    argv = ["--epochs", "1", "--image-size", "8", "--width", "8", "--device", "cpu", "--no-progress"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--out-dir", str(run_dir), "--resume", str(best)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{str(best)!r} holds model weights only" in err
+    assert f"torch.load({str(best)!r}, weights_only=True)['model']" in err
+    assert f"the last good checkpoint there is {str(run_dir / 'last.pt')!r} (epoch 1)" in err
+    model, _ = build_model(in_channels=1, num_classes=10, image_size=8, width=8, dropout=0.1, fastops=False)
+    model.load_state_dict(torch.load(best, weights_only=True)["model"])  # and the advice works
+
+
+def test_files_that_are_not_resumable_checkpoints(tmp_path) -> None:
+    torch.save(nn.Linear(2, 2), tmp_path / "module.pt")  # a pickled module, not weights
+    with pytest.raises(checkpoint.CheckpointError, match="refuses to load"):
+        checkpoint.load(tmp_path / "module.pt", resumable=True)
+    torch.save({"format": checkpoint.FORMAT_VERSION, "model": {}, "epoch": 1, "step": 3}, tmp_path / "x.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="not a resumable .* no optimizer, scheduler"):
+        checkpoint.load(tmp_path / "x.pt", resumable=True)
+
+
+def test_resume_beside_a_damaged_best_pt_names_it(run_dir, tmp_path) -> None:
+    shutil.copy(run_dir / "last.pt", tmp_path / "last.pt")
+    (tmp_path / "best.pt").write_bytes((run_dir / "best.pt").read_bytes()[:100])
+    cfg = tiny_config(tmp_path, fastops=False, epochs=1, resume=tmp_path / "last.pt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"best\.pt' is damaged .* move it away"):
+        Trainer(cfg)
