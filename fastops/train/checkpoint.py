@@ -12,11 +12,12 @@ import pickle
 import secrets
 import stat
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
+from torch import Tensor
 
 from fastops.train.config import ConfigError
 
@@ -35,6 +36,30 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def all_finite(tensors: Iterable[object], device: torch.device) -> Tensor:
+    """A boolean on ``device``: no floating-point tensor among ``tensors`` holds a NaN or an inf.
+
+    No host sync of its own: one max-abs reduction per (device, dtype) group, which
+    ``torch._foreach_norm`` (the kernel ``clip_grad_norm_`` uses) fuses into a few launches on CUDA.
+    The infinity norm is NaN if any element is NaN, inf if any is inf, and cannot overflow.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel():  # inf norm of [] is an error
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    for group in groups.values():
+        norms = torch._foreach_norm(group, float("inf"))
+        finite &= torch.stack(norms).isfinite().all().to(device)
+    return finite
+
+
+def training_state_tensors(model_state: dict[str, Any], optimizer_state: dict[Any, Any]) -> list[object]:
+    """The tensors a checkpoint must not hold NaN/inf in: the model's parameters and buffers, and
+    the optimizer's per-parameter state (``optimizer.state``, or ``state_dict()["state"]``)."""
+    return [*model_state.values(), *(v for s in optimizer_state.values() for v in s.values())]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
@@ -182,4 +207,9 @@ def load(
         )
     if resumable and missing:
         raise fail(f"is not a resumable fastops.train checkpoint (it has no {', '.join(missing)})")
+    if resumable and not all_finite(
+        training_state_tensors(ckpt["model"], ckpt["optimizer"]["state"]), torch.device("cpu")
+    ):
+        # Written before the loop refused to save non-finite weights: resuming would only stop again.
+        raise fail("holds NaN/inf weights or optimizer state, so training cannot go on from it")
     return ckpt

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import re
 import shutil
 import stat
 import struct
@@ -116,7 +117,8 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:
         return output
 
     trainer.module.head.register_forward_hook(poison_after_first_epoch)
-    with pytest.raises(NonFiniteLossError, match="NaN/inf"):
+    kept = f"the last good checkpoint ({tmp_path / 'last.pt'}, epoch 1) is kept"
+    with pytest.raises(NonFiniteLossError, match=re.escape(kept)):
         trainer.fit()
     last = checkpoint.load(tmp_path / "last.pt")
     assert last["epoch"] == 1
@@ -200,3 +202,95 @@ def test_resume_beside_a_damaged_best_pt_names_it(run_dir, tmp_path) -> None:
     cfg = tiny_config(tmp_path, fastops=False, epochs=1, resume=tmp_path / "last.pt")
     with pytest.raises(checkpoint.CheckpointError, match=r"best\.pt' is damaged .* move it away"):
         Trainer(cfg)
+
+
+def _saves(trainer: Trainer, monkeypatch) -> list[tuple[str, int]]:
+    saved: list[tuple[str, int]] = []
+    save = trainer.save
+
+    def recording_save(path, state):
+        saved.append((path.name, trainer.epoch))
+        save(path, state)
+
+    monkeypatch.setattr(trainer, "save", recording_save)
+    return saved
+
+
+def _finite(state: dict) -> bool:
+    return all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+
+@pytest.mark.parametrize("use_fastops", [False, True], ids=["stock", "fastops"])
+def test_a_nan_gradient_with_a_finite_loss_never_reaches_a_checkpoint(
+    tmp_path, monkeypatch, use_fastops
+) -> None:
+    trainer = Trainer(tiny_config(tmp_path, fastops=use_fastops, epochs=3))
+    steps = trainer.steps_per_epoch
+    backwards = [0]
+
+    def nan_gradient_in_the_last_step_of_epoch_2(grad):
+        backwards[0] += 1
+        return grad * float("nan") if backwards[0] == 2 * steps else grad
+
+    trainer.module.head[-1].weight.register_hook(nan_gradient_in_the_last_step_of_epoch_2)
+    checks = []
+    all_finite = checkpoint.all_finite
+    monkeypatch.setattr(checkpoint, "all_finite", lambda *a: checks.append(1) or all_finite(*a))
+    saved = _saves(trainer, monkeypatch)
+    with pytest.raises(
+        NonFiniteLossError, match=r"weights or optimizer state became NaN/inf in epoch 2"
+    ) as e:
+        trainer.fit()
+    assert f"the last good checkpoint ({tmp_path / 'last.pt'}, epoch 1) is kept" in str(e.value)
+    assert len(checks) == 2  # one check (one host sync) per epoch, not per step
+    assert ("last.pt", 2) not in saved and ("best.pt", 2) not in saved
+    last = checkpoint.load(tmp_path / "last.pt", resumable=True)
+    assert last["epoch"] == 1 and _finite(last["model"])
+    assert _finite(checkpoint.load(tmp_path / "best.pt")["model"])
+
+
+@pytest.mark.parametrize("nonfinite", ["stop", "skip"])
+def test_a_nonfinite_validation_loss_counts_as_nonfinite_training(
+    tmp_path, monkeypatch, capsys, nonfinite: str
+) -> None:
+    trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=3))
+    # After validation: --nonfinite skip needs --amp fp16 and so CUDA, but the branch is host code.
+    trainer.cfg = trainer.cfg.replace(nonfinite=nonfinite)
+
+    def inf_logits_in_the_validation_of_epoch_2(module, inputs, output):
+        return output * float("inf") if not module.training and trainer.epoch == 1 else output
+
+    trainer.module.head.register_forward_hook(inf_logits_in_the_validation_of_epoch_2)
+    saved = _saves(trainer, monkeypatch)
+    if nonfinite == "stop":
+        kept = f"the last good checkpoint ({tmp_path / 'last.pt'}, epoch 1) is kept"
+        with pytest.raises(
+            NonFiniteLossError,
+            match=re.escape(f"validation loss is nan after epoch 2; the run is stopped and {kept}"),
+        ):
+            trainer.fit()
+        assert checkpoint.load(tmp_path / "last.pt")["epoch"] == 1
+    else:
+        assert trainer.fit()["epochs"] == 3
+        assert "validation loss is nan after epoch 2; no checkpoint of this epoch" in capsys.readouterr().out
+        assert checkpoint.load(tmp_path / "last.pt")["epoch"] == 3
+        assert trainer.early.best_epoch != 2
+    assert ("last.pt", 2) not in saved and ("best.pt", 2) not in saved
+
+
+def test_nonfinite_loss_before_any_checkpoint_says_none_is_kept(tmp_path) -> None:
+    (tmp_path / "last.pt").write_bytes(b"a file of an earlier run, which is not this run's to keep")
+    trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=2))
+    trainer.module.head.register_forward_hook(lambda module, inputs, output: output * float("nan"))
+    with pytest.raises(
+        NonFiniteLossError, match="epoch 1\\); the run is stopped and no checkpoint had been written yet"
+    ):
+        trainer.fit()
+
+
+def test_resume_refuses_a_checkpoint_with_nan_weights(run_dir, tmp_path) -> None:
+    state = torch.load(run_dir / "last.pt", weights_only=True)
+    next(v for v in state["model"].values() if v.is_floating_point()).view(-1)[0] = float("nan")
+    checkpoint.atomic_save(state, tmp_path / "last.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="holds NaN/inf weights or optimizer state"):
+        checkpoint.load(tmp_path / "last.pt", resumable=True)
