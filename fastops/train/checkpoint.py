@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import secrets
 import stat
 import zipfile
@@ -69,7 +70,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     The bytes go to a temporary file in the same directory (same filesystem, so the rename is
     atomic), are flushed and fsync'ed to disk, then ``os.replace`` swaps the name over, and the
     directory is fsync'ed so the rename itself survives a power loss. A crash at any point leaves
-    the previous file intact; only a stray ``.tmp`` file can remain, which is removed on error.
+    the previous file intact. The temporary file is removed on error; one left by a kill is removed
+    by the next write of the same file.
 
     The file gets the permissions a plain ``open(path, "wb")`` (and so ``torch.save(obj, path)``)
     would give it: those of the file it replaces, else 0o666 less the umask. ``tempfile.mkstemp``
@@ -77,7 +79,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"  # the name _leftovers matches
     # O_EXCL: never write into a file someone else created under that name. The mode is filtered
     # through the umask by the kernel, without changing the process-wide umask to read it.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
@@ -93,11 +95,20 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    for leftover in _leftovers(path):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _leftovers(path: Path) -> list[Path]:
+    """Temporary files of earlier atomic_writes of ``path`` that a kill interrupted."""
+    name = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{16}}\.tmp")
+    return [path.parent / e.name for e in os.scandir(path.parent) if name.fullmatch(e.name)]
 
 
 def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:

@@ -45,6 +45,16 @@ def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None
     assert sorted(os.listdir(tmp_path)) == ["last.pt"]  # no stray temporary file
 
 
+def test_a_write_removes_what_a_kill_left_of_an_earlier_one(tmp_path) -> None:
+    left = tmp_path / ".last.pt.0123456789abcdef.tmp"  # a kill during a save of last.pt
+    left.write_bytes(b"half a checkpoint")
+    others = [tmp_path / ".best.pt.0123456789abcdef.tmp", tmp_path / ".last.pt.mine.tmp"]
+    for other in others:
+        other.write_bytes(b"not a leftover of last.pt")
+    checkpoint.atomic_save({"format": checkpoint.FORMAT_VERSION}, tmp_path / "last.pt")
+    assert not left.exists() and all(other.exists() for other in others)
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002], ids=lambda m: f"umask{m:03o}")
 def test_checkpoints_get_the_permissions_torch_save_gives(tmp_path, umask: int) -> None:
     state = {"format": checkpoint.FORMAT_VERSION, "w": torch.arange(3.0)}
