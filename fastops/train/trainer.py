@@ -158,6 +158,14 @@ class Trainer:
         if path.name == "last.pt":
             self.last_good = (path, self.epoch)
 
+    def _save_best(self) -> None:
+        """best.pt: the weights (only) of this epoch, the best so far, for evaluation."""
+        self.best_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        self.save(
+            self.run_dir / "best.pt",
+            {"format": checkpoint.FORMAT_VERSION, "model": self.best_state, "epoch": self.epoch},
+        )
+
     def load(self, path: str | Path) -> None:
         ckpt = checkpoint.load(path, map_location=self.device, resumable=True)
         self.last_good = (Path(path), ckpt["epoch"])
@@ -183,16 +191,27 @@ class Trainer:
                 f"{self.dist.world_size}: dropout/augmentation continue from fresh seeds"
             )
         best = Path(path).parent / "best.pt"
-        if best.is_file():
+        if self.early.best_epoch == self.epoch:
+            # The checkpoint's own epoch is the best one, so these are the best weights. best.pt is
+            # written after last.pt: a kill between the two left it an epoch behind. Write it again.
+            self._save_best()
+        elif best.is_file():
+            advice = (
+                f"best.pt beside --resume {str(path)!r} holds the best epoch's weights, which the "
+                "held-out test at the end of the run uses; restore it, or move it away to resume "
+                "without it (best.pt then starts again from the next epoch that beats the best "
+                "validation accuracy so far)"
+            )
             try:
-                self.best_state = checkpoint.load(best, map_location=self.device)["model"]
+                saved_best = checkpoint.load(best, map_location=self.device)
             except checkpoint.CheckpointError as e:
+                raise checkpoint.CheckpointError(f"{e}; {advice}") from e
+            if saved_best["epoch"] != self.early.best_epoch:
                 raise checkpoint.CheckpointError(
-                    f"{e}. It is the best epoch's weights beside --resume {str(path)!r}, which the "
-                    "held-out test at the end of the run uses; restore it, or move it away to resume "
-                    "without it (best.pt then starts again from the next epoch that beats the best "
-                    "validation accuracy so far)"
-                ) from e
+                    f"fastops.train: {str(best)!r} holds epoch {saved_best['epoch']}, but the best "
+                    f"epoch of --resume {str(path)!r} is {self.early.best_epoch}; {advice}"
+                )
+            self.best_state = saved_best["model"]
 
     # ---------------------------------------------------------------- the epochs
     def _batches(self, loader) -> Any:
@@ -383,13 +402,13 @@ class Trainer:
                         print(f"{problem}; no checkpoint of this epoch (--nonfinite skip)")
                     self.early.update(-math.inf, self.epoch)
                     continue
-                if self.early.update(val["accuracy"], self.epoch):
-                    self.best_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-                    self.save(
-                        self.run_dir / "best.pt",
-                        {"format": checkpoint.FORMAT_VERSION, "model": self.best_state, "epoch": self.epoch},
-                    )
+                improved = self.early.update(val["accuracy"], self.epoch)
                 self.save(self.run_dir / "last.pt", self.state_dict())
+                # best.pt after last.pt: a kill between them leaves a last.pt whose best epoch is its
+                # own, from which load() writes best.pt again. The other order would leave a best.pt
+                # of an epoch the resumed run has not reached, with the best before it overwritten.
+                if improved:
+                    self._save_best()
             else:
                 stopped = "early_stopping" if self.early.should_stop else "completed"
         except NonFiniteLossError:

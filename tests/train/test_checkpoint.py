@@ -7,7 +7,6 @@ import io
 import os
 import random
 import re
-import shutil
 import stat
 import struct
 import zipfile
@@ -19,7 +18,7 @@ from torch import nn
 from fastops.train import NonFiniteLossError, Trainer, checkpoint, fit
 from fastops.train.cli import main
 from fastops.train.model import build_model
-from tests.train.common import tiny_config
+from tests.train.common import killed_before, tiny_config
 
 
 def test_crash_mid_save_keeps_the_last_checkpoint(tmp_path, monkeypatch) -> None:
@@ -206,12 +205,36 @@ def test_files_that_are_not_resumable_checkpoints(tmp_path) -> None:
         checkpoint.load(tmp_path / "x.pt", resumable=True)
 
 
-def test_resume_beside_a_damaged_best_pt_names_it(run_dir, tmp_path) -> None:
-    shutil.copy(run_dir / "last.pt", tmp_path / "last.pt")
-    (tmp_path / "best.pt").write_bytes((run_dir / "best.pt").read_bytes()[:100])
+def test_resume_beside_a_damaged_or_foreign_best_pt_names_it(run_dir, tmp_path) -> None:
+    # A checkpoint of epoch 2 whose best epoch is 1: resuming needs best.pt for the best weights.
+    state = torch.load(run_dir / "last.pt", weights_only=True)
+    assert state["early_stopping"]["best_epoch"] == 1
+    checkpoint.atomic_save({**state, "epoch": 2}, tmp_path / "last.pt")
     cfg = tiny_config(tmp_path, fastops=False, epochs=1, resume=tmp_path / "last.pt")
+    (tmp_path / "best.pt").write_bytes((run_dir / "best.pt").read_bytes()[:100])
     with pytest.raises(checkpoint.CheckpointError, match=r"best\.pt' is damaged .* move it away"):
         Trainer(cfg)
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    checkpoint.atomic_save({**best, "epoch": 2}, tmp_path / "best.pt")  # not the checkpoint's best
+    with pytest.raises(checkpoint.CheckpointError, match=r"holds epoch 2, but the best epoch .* is 1"):
+        Trainer(cfg)
+
+
+def test_a_kill_between_last_pt_and_best_pt_is_repaired_on_resume(tmp_path, monkeypatch) -> None:
+    cfg = tiny_config(tmp_path, fastops=False, epochs=3)
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "save", killed_before("best.pt", 2))
+        with pytest.raises(KeyboardInterrupt):
+            fit(cfg)
+    last = checkpoint.load(tmp_path / "last.pt")
+    assert last["epoch"] == 2 and last["early_stopping"]["best_epoch"] == 2  # epoch 2 was the best
+    assert checkpoint.load(tmp_path / "best.pt")["epoch"] == 1  # and best.pt was not yet written
+
+    trainer = Trainer(cfg.replace(resume=tmp_path / "last.pt"))
+    best = checkpoint.load(tmp_path / "best.pt")
+    assert best["epoch"] == 2
+    for key, value in last["model"].items():
+        assert torch.equal(best["model"][key], value) and torch.equal(trainer.best_state[key], value)
 
 
 def _saves(trainer: Trainer, monkeypatch) -> list[tuple[str, int]]:

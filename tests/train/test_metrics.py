@@ -10,7 +10,7 @@ import pytest
 
 from fastops.train import Trainer, checkpoint, fit
 from fastops.train.metrics import MetricsWriter
-from tests.train.common import tiny_config
+from tests.train.common import killed_before, tiny_config
 
 
 def _csv_rows(path) -> list[dict[str, str]]:
@@ -24,15 +24,8 @@ def test_metrics_csv_has_one_row_per_epoch_after_kills_and_resumes(tmp_path, mon
     resume = cfg.replace(resume=tmp_path / "last.pt")
 
     # Killed twice between epoch 2's metrics row and its last.pt: each resume runs epoch 2 again.
-    save = Trainer.save
-
-    def killed_before_last_pt_of_epoch_2(self, path, state):
-        if path.name == "last.pt" and self.epoch == 2:
-            raise KeyboardInterrupt("killed")
-        save(self, path, state)
-
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "save", killed_before_last_pt_of_epoch_2)
+        m.setattr(Trainer, "save", killed_before("last.pt", 2))
         for _ in range(2):
             with pytest.raises(KeyboardInterrupt):
                 fit(resume)
