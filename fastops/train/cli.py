@@ -99,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         "digits model on a machine shared with other jobs",
     )
     run.add_argument(
-        "--nonfinite", choices=NONFINITE_CHOICES, default=DEFAULTS.nonfinite, help="on a NaN/inf loss"
+        "--nonfinite",
+        choices=NONFINITE_CHOICES,
+        default=DEFAULTS.nonfinite,
+        help="on a NaN/inf training or validation loss",
     )
     _number_option(run, "--log-every", help="steps between syncs")
     run.add_argument("--profile", action="store_true", help="torch.profiler trace of a few steps")
