@@ -10,8 +10,18 @@ Command line: ``python -m fastops.train --help`` (or the ``fastops-train`` scrip
 ``torchrun --standalone --nproc_per_node=N -m fastops.train ...``.
 """
 
+from fastops.train.checkpoint import CheckpointError
 from fastops.train.config import ConfigError, TrainConfig
 from fastops.train.loop import StepResult, train_step
 from fastops.train.trainer import NonFiniteLossError, Trainer, fit
 
-__all__ = ["ConfigError", "NonFiniteLossError", "StepResult", "TrainConfig", "Trainer", "fit", "train_step"]
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "NonFiniteLossError",
+    "StepResult",
+    "TrainConfig",
+    "Trainer",
+    "fit",
+    "train_step",
+]

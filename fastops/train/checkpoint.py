@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import pickle
+import re
+import secrets
+import stat
+import zipfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
+from torch import Tensor
+
+from fastops.train.config import ConfigError
 
 FORMAT_VERSION = 1
 
@@ -31,20 +39,55 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
-    """torch.save to ``path`` such that ``path`` always holds either the old or the new complete file.
+def all_finite(tensors: Iterable[object], device: torch.device) -> Tensor:
+    """A boolean on ``device``: no floating-point tensor among ``tensors`` holds a NaN or an inf.
+
+    No host sync of its own: one max-abs reduction per (device, dtype) group, which
+    ``torch._foreach_norm`` (the kernel ``clip_grad_norm_`` uses) fuses into a few launches on CUDA.
+    The infinity norm is NaN if any element is NaN, inf if any is inf, and cannot overflow.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for t in tensors:
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel():  # inf norm of [] is an error
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    for group in groups.values():
+        norms = torch._foreach_norm(group, float("inf"))
+        finite &= torch.stack(norms).isfinite().all().to(device)
+    return finite
+
+
+def training_state_tensors(model_state: dict[str, Any], optimizer_state: dict[Any, Any]) -> list[object]:
+    """The tensors a checkpoint must not hold NaN/inf in: the model's parameters and buffers, and
+    the optimizer's per-parameter state (``optimizer.state``, or ``state_dict()["state"]``)."""
+    return [*model_state.values(), *(v for s in optimizer_state.values() for v in s.values())]
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """Write a file through ``write(f)`` such that ``path`` always holds either the old or the new
+    complete file.
 
     The bytes go to a temporary file in the same directory (same filesystem, so the rename is
     atomic), are flushed and fsync'ed to disk, then ``os.replace`` swaps the name over, and the
     directory is fsync'ed so the rename itself survives a power loss. A crash at any point leaves
-    the previous checkpoint intact; only a stray ``.tmp`` file can remain, which is removed on error.
+    the previous file intact. The temporary file is removed on error; one left by a kill is removed
+    by the next write of the same file.
+
+    The file gets the permissions a plain ``open(path, "wb")`` (and so ``torch.save(obj, path)``)
+    would give it: those of the file it replaces, else 0o666 less the umask. ``tempfile.mkstemp``
+    would make it 0o600 whatever the umask.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"  # the name _leftovers matches
+    # O_EXCL: never write into a file someone else created under that name. The mode is filtered
+    # through the umask by the kernel, without changing the process-wide umask to read it.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(f.fileno(), stat.S_IMODE(os.stat(path).st_mode))
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -52,6 +95,9 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    for leftover in _leftovers(path):
+        with contextlib.suppress(OSError):
+            os.unlink(leftover)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -59,14 +105,122 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
         os.close(dir_fd)
 
 
-def load(path: str | os.PathLike[str], map_location: torch.device | str = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with weights_only=True and check its format."""
+def _leftovers(path: Path) -> list[Path]:
+    """Temporary files of earlier atomic_writes of ``path`` that a kill interrupted."""
+    name = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{16}}\.tmp")
+    return [path.parent / e.name for e in os.scandir(path.parent) if name.fullmatch(e.name)]
+
+
+def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
+    """torch.save to ``path`` through atomic_write: a crash mid-save keeps the previous checkpoint."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint file that cannot be used: damaged, not ours, or (for --resume) weights only.
+    The message names the file and, for --resume, where the last good checkpoint is."""
+
+
+# What Trainer.state_dict writes; a file without all of them is not a training state to resume.
+RESUMABLE_KEYS = (
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "early_stopping",
+    "epoch",
+    "step",
+    "rng",
+    "history",
+    "config",
+)
+
+
+def _damage(path: Path) -> str | None:
+    """Why ``path`` is not an intact torch.save archive, or None.
+
+    torch.save writes a zip archive with a CRC-32 per record. torch.load notices a damaged
+    directory of the archive (with an error that does not name the file), but not flipped bits
+    inside a tensor's bytes: those load as wrong weights. Reading every record through zipfile
+    checks all the CRCs; it reads the file once more, once per resume.
+    """
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.CRC == 0 and info.file_size > 0:
+                    continue  # written with torch.serialization.set_crc32_options(False)
+                with archive.open(info) as record:
+                    while record.read(1 << 24):  # raises BadZipFile at the end on a CRC mismatch
+                        pass
+    # Damage can surface as any of zipfile's errors (BadZipFile, EOFError, struct.error,
+    # NotImplementedError for a garbled compression method, ...): each means the same thing here.
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _resume_instead(path: Path) -> str:
+    """Where to resume from instead of ``path``: the last.pt beside it, when that one is good."""
+    last = path.parent / "last.pt"
+    if last.is_file() and not last.samefile(path):
+        with contextlib.suppress(CheckpointError, OSError):
+            epoch = load(last, resumable=True)["epoch"]
+            return f"the last good checkpoint there is {str(last)!r} (epoch {epoch})"
+    return (
+        f"there is no other resumable checkpoint in {str(path.parent)!r}; "
+        "run without --resume to start afresh"
+    )
+
+
+def load(
+    path: str | os.PathLike[str], map_location: torch.device | str = "cpu", *, resumable: bool = False
+) -> dict[str, Any]:
+    """Load a checkpoint with weights_only=True after checking that the file is intact, and check
+    its format; with ``resumable``, also that it holds a whole training state (as last.pt does).
+
+    Raises FileNotFoundError for a missing file and CheckpointError for any other file that cannot
+    be used, with a message that names it, says what is wrong and, with ``resumable``, where the
+    last good checkpoint is.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"fastops.train: no checkpoint file at {str(path)!r}")
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+
+    def fail(problem: str) -> CheckpointError:
+        where = f"; {_resume_instead(path)}" if resumable else ""
+        return CheckpointError(f"fastops.train: {str(path)!r} {problem}{where}")
+
+    damage = _damage(path)
+    if damage is not None:
+        raise fail(f"is damaged or not a torch.save file ({damage})")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise fail(
+            "is not a fastops.train checkpoint: it pickles Python objects that "
+            "torch.load(weights_only=True) refuses to load"
+        ) from e
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:  # an intact zip archive that is not a torch.save file
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise fail(f"is not a checkpoint torch.load can read ({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
-        raise ValueError(
-            f"fastops.train: {str(path)!r} is not a fastops.train checkpoint (format {FORMAT_VERSION})"
+        raise fail(f"is not a fastops.train checkpoint (format {FORMAT_VERSION})")
+    missing = [key for key in RESUMABLE_KEYS if key not in ckpt]
+    if resumable and missing == [key for key in RESUMABLE_KEYS if key not in ("model", "epoch")]:
+        raise fail(
+            "holds model weights only (best.pt: the weights of the best epoch), not a training "
+            "state to resume from; to use the weights: "
+            f"model.load_state_dict(torch.load({str(path)!r}, weights_only=True)['model'])"
         )
+    if resumable and missing:
+        raise fail(f"is not a resumable fastops.train checkpoint (it has no {', '.join(missing)})")
+    if resumable and not all_finite(
+        training_state_tensors(ckpt["model"], ckpt["optimizer"]["state"]), torch.device("cpu")
+    ):
+        # Written before the loop refused to save non-finite weights: resuming would only stop again.
+        raise fail("holds NaN/inf weights or optimizer state, so training cannot go on from it")
     return ckpt

@@ -8,29 +8,34 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastops.train.config import AMP_CHOICES, DEVICE_CHOICES, NONFINITE_CHOICES, ConfigError, TrainConfig
+from fastops.train.config import (
+    AMP_CHOICES,
+    DEVICE_CHOICES,
+    NONFINITE_CHOICES,
+    NUMBERS,
+    ConfigError,
+    TrainConfig,
+)
 
 DEFAULTS = TrainConfig()
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def _number_option(group: Any, flag: str, **kwargs: Any) -> None:
+    """An option for a numeric TrainConfig field: the field's Number parses and checks it, so a bad
+    value is an argparse error ("argument --lr: expected a finite number > 0, got inf", exit code 2)
+    before anything is built, with the same words TrainConfig.validate uses for the field."""
+    name = flag.removeprefix("--").replace("-", "_")
+    spec = NUMBERS[name]
 
+    def parse(text: str) -> int | float:
+        try:
+            return spec.parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
-    return value
+    kwargs.setdefault("default", getattr(DEFAULTS, name))
+    kwargs["help"] = "; ".join(filter(None, (kwargs.get("help"), spec.describe())))
+    group.add_argument(flag, type=parse, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,38 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument(
         "--synthetic", action="store_true", help="random images (throughput runs) instead of digits"
     )
-    mode.add_argument(
-        "--image-size",
-        type=_positive_int,
-        default=None,
-        help="image side (default: 16 digits, 224 synthetic)",
-    )
-    mode.add_argument(
-        "--num-classes", type=_positive_int, default=DEFAULTS.num_classes, help="synthetic only"
-    )
-    mode.add_argument(
-        "--synthetic-samples",
-        type=_positive_int,
-        default=DEFAULTS.synthetic_samples,
-        help="per epoch and rank",
-    )
-    mode.add_argument(
-        "--width", type=_positive_int, default=DEFAULTS.width, help="channels of the first stage"
-    )
-    mode.add_argument("--dropout", type=_non_negative_float, default=DEFAULTS.dropout)
+    _number_option(mode, "--image-size", default=None, help="image side (default: 16 digits, 224 synthetic)")
+    _number_option(mode, "--num-classes", help="synthetic only")
+    _number_option(mode, "--synthetic-samples", help="per epoch and rank")
+    _number_option(mode, "--width", help="channels of the first stage")
+    _number_option(mode, "--dropout")
     mode.add_argument("--no-augment", action="store_true", help="no random translations of the digits")
 
     opt = p.add_argument_group("optimization")
-    opt.add_argument("--epochs", type=_positive_int, default=None, help="default: 30 digits, 3 synthetic")
-    opt.add_argument("--batch-size", type=_positive_int, default=DEFAULTS.batch_size, help="per process")
-    opt.add_argument(
-        "--accum-steps", type=_positive_int, default=DEFAULTS.accum_steps, help="micro-batches per step"
-    )
-    opt.add_argument("--lr", type=float, default=DEFAULTS.lr, help="OneCycleLR peak learning rate")
-    opt.add_argument("--weight-decay", type=_non_negative_float, default=DEFAULTS.weight_decay)
-    opt.add_argument("--grad-clip", type=_non_negative_float, default=DEFAULTS.grad_clip, help="0 disables")
-    opt.add_argument("--patience", type=int, default=DEFAULTS.patience, help="early stopping; 0 disables")
-    opt.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    _number_option(opt, "--epochs", default=None, help="default: 30 digits, 3 synthetic")
+    _number_option(opt, "--batch-size", help="per process")
+    _number_option(opt, "--accum-steps", help="micro-batches per step")
+    _number_option(opt, "--lr", help="OneCycleLR peak learning rate")
+    _number_option(opt, "--weight-decay")
+    _number_option(opt, "--grad-clip", help="0 disables")
+    _number_option(opt, "--patience", help="early stopping; 0 disables")
+    _number_option(opt, "--seed")
 
     run = p.add_argument_group("execution")
     run.add_argument("--device", choices=DEVICE_CHOICES, default=DEFAULTS.device)
@@ -102,29 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="NHWC activations (default: on)",
     )
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
-    run.add_argument("--num-workers", type=int, default=DEFAULTS.num_workers, help="DataLoader workers")
-    run.add_argument(
+    _number_option(run, "--num-workers", help="DataLoader workers")
+    _number_option(
+        run,
         "--threads",
-        type=int,
-        default=DEFAULTS.threads,
         help="CPU intra-op threads per process (0: torch's default); 1 is fastest for the small "
         "digits model on a machine shared with other jobs",
     )
     run.add_argument(
-        "--nonfinite", choices=NONFINITE_CHOICES, default=DEFAULTS.nonfinite, help="on a NaN/inf loss"
+        "--nonfinite",
+        choices=NONFINITE_CHOICES,
+        default=DEFAULTS.nonfinite,
+        help="on a NaN/inf training or validation loss",
     )
-    run.add_argument(
-        "--log-every", type=_positive_int, default=DEFAULTS.log_every, help="steps between syncs"
-    )
+    _number_option(run, "--log-every", help="steps between syncs")
     run.add_argument("--profile", action="store_true", help="torch.profiler trace of a few steps")
     run.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
     out = p.add_argument_group("output")
     out.add_argument("--out-dir", type=Path, default=DEFAULTS.out_dir, help="run directory")
     out.add_argument("--resume", type=Path, default=None, help="continue from this checkpoint (last.pt)")
-    out.add_argument(
-        "--stop-after-epoch", type=_positive_int, default=None, help="stop this invocation there"
-    )
+    _number_option(out, "--stop-after-epoch", help="stop this invocation there")
     return p
 
 

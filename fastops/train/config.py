@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -19,26 +22,94 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the option and what was expected."""
 
 
+INT64_MAX = 2**63 - 1  # what torch's C++ side takes; a larger int fails there with "Overflow"
+
+
+@dataclass(frozen=True)
+class Number:
+    """The values a numeric setting accepts: an integer, or a finite float, within bounds.
+
+    Declared once, with the setting (``number(...)`` in TrainConfig); TrainConfig.validate checks
+    the field with it, and the CLI parses the option with it, so both say the same thing.
+    """
+
+    kind: type  # int or float
+    low: float
+    low_open: bool = False  # low itself excluded: "> low"
+    high: float | None = None
+    high_open: bool = False
+    optional: bool = False  # None is allowed too
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a finite number"
+        if self.high is None:
+            return f"{what} {'>' if self.low_open else '>='} {self.low}"
+        return f"{what} in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+    def problem(self, value: object) -> str | None:
+        """What was expected, if ``value`` is not allowed; else None."""
+        if value is None and self.optional:
+            return None
+        kind = numbers.Integral if self.kind is int else numbers.Real
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return self.describe()
+        v = cast(float, value)
+        if self.kind is float:
+            try:
+                v = float(v)  # an int too large for a float raises OverflowError
+            except OverflowError:
+                return self.describe()
+            if not math.isfinite(v):
+                return self.describe()
+        if v < self.low or (self.low_open and v == self.low):
+            return self.describe()
+        if self.high is not None and (v > self.high or (self.high_open and v == self.high)):
+            return self.describe()
+        if self.kind is int and v > INT64_MAX:
+            return f"{self.describe()} and at most 2**63 - 1"
+        return None
+
+    def parse(self, text: str) -> int | float:
+        """``text`` as a value of this setting; ValueError("expected ..., got ...") if it is not one."""
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise ValueError(f"expected {self.describe()}, got {text!r}") from None
+        expected = self.problem(value)
+        if expected is not None:
+            raise ValueError(f"expected {expected}, got {text}")
+        return value
+
+
+def number(default: float | None, kind: type | None = None, **bounds: Any) -> Any:
+    """A numeric TrainConfig field: its default and its Number (``kind`` is the default's type
+    unless given; ``bounds`` as in Number)."""
+    return field(default=default, metadata={"number": Number(kind or type(default), **bounds)})
+
+
 @dataclass
 class TrainConfig:
     # what to train
     dataset: str = "digits"  # "digits" (sklearn, real data) or "synthetic" (random images, throughput)
-    image_size: int = 16  # digits are 8x8 and upsampled to this; synthetic images are this size
-    num_classes: int = 10  # synthetic only; digits has 10
-    synthetic_samples: int = 4096  # synthetic: samples per epoch (per rank)
-    width: int = 32  # channels of the first stage; later stages double it
-    dropout: float = 0.1
+    # digits are 8x8 and upsampled to this; synthetic images are this size
+    image_size: int = number(16, low=8)
+    num_classes: int = number(10, low=2)  # synthetic only; digits has 10
+    synthetic_samples: int = number(4096, low=1)  # synthetic: samples per epoch (per rank)
+    width: int = number(32, low=1)  # channels of the first stage; later stages double it
+    dropout: float = number(0.1, low=0, high=1, high_open=True)
     augment: bool = True  # random translations of the training digits
     fastops: bool = True  # False: the same model with stock modules and torch.optim.AdamW
     # how to train
-    epochs: int = 30
-    batch_size: int = 64  # per process, per micro-batch
-    accum_steps: int = 1  # micro-batches per optimizer step
-    lr: float = 4e-3  # OneCycleLR peak
-    weight_decay: float = 0.05
-    grad_clip: float = 1.0  # max global grad norm; 0 disables
-    patience: int = 8  # early stopping: epochs without a better val accuracy; 0 disables
-    seed: int = 0
+    epochs: int = number(30, low=1)
+    batch_size: int = number(64, low=1)  # per process, per micro-batch
+    accum_steps: int = number(1, low=1)  # micro-batches per optimizer step
+    lr: float = number(4e-3, low=0, low_open=True)  # OneCycleLR peak
+    weight_decay: float = number(0.05, low=0)
+    grad_clip: float = number(1.0, low=0)  # max global grad norm; 0 disables
+    patience: int = number(8, low=0)  # early stopping: epochs without a better val accuracy; 0 disables
+    # Bounded so that every seed derived from it (+ rank, + epoch, * 1000 for synthetic data)
+    # stays within what torch.manual_seed takes.
+    seed: int = number(0, low=0, high=2**32 - 1)
     # how to run it
     device: str = "auto"
     amp: str = "none"
@@ -48,15 +119,18 @@ class TrainConfig:
     # fastops; stock 29.8 vs 30.2 ms).
     channels_last: bool | None = None
     compile: bool = False
-    num_workers: int = 0
-    threads: int = 0  # CPU intra-op threads (torch.set_num_threads); 0 keeps torch's default
-    nonfinite: str = "stop"  # what a NaN/inf loss does: stop the run, or skip steps (fp16 scaler)
-    log_every: int = 20  # steps between progress-bar/NaN checks (the only host syncs of a step)
+    num_workers: int = number(0, low=0)
+    # CPU intra-op threads (torch.set_num_threads, a C int); 0 keeps torch's default
+    threads: int = number(0, low=0, high=2**31 - 1)
+    nonfinite: str = "stop"  # what a NaN/inf (training or validation) loss does: stop, or skip steps (fp16)
+    # steps between progress-bar/NaN checks (the only host syncs of a step)
+    log_every: int = number(20, low=1)
     profile: bool = False  # write a torch.profiler trace of a few steps into the run dir
     # where results go
     out_dir: Path = field(default_factory=lambda: Path("runs/train"))
     resume: Path | None = None
-    stop_after_epoch: int | None = None  # stop this invocation after that epoch (split a run in jobs)
+    # stop this invocation after that epoch (split a run in jobs)
+    stop_after_epoch: int | None = number(None, int, low=1, optional=True)
     progress: bool = True  # tqdm bar on rank 0
 
     def resolved_device(self) -> torch.device:
@@ -79,26 +153,10 @@ class TrainConfig:
         ):
             value = getattr(self, name)
             need(value in choices, f"--{name.replace('_', '-')} must be one of {choices}, got {value!r}")
-        for name in ("epochs", "batch_size", "accum_steps", "image_size", "width", "log_every"):
+        for name, spec in NUMBERS.items():
             value = getattr(self, name)
-            need(
-                isinstance(value, int) and value >= 1,
-                f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}",
-            )
-        need(self.image_size >= 8, f"--image-size must be >= 8, got {self.image_size}")
-        need(self.num_classes >= 2, f"--num-classes must be >= 2, got {self.num_classes}")
-        need(self.synthetic_samples >= 1, "--synthetic-samples must be >= 1")
-        need(0.0 <= self.dropout < 1.0, f"--dropout must be in [0, 1), got {self.dropout}")
-        need(self.lr > 0, f"--lr must be > 0, got {self.lr}")
-        need(self.weight_decay >= 0, f"--weight-decay must be >= 0, got {self.weight_decay}")
-        need(self.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {self.grad_clip}")
-        need(self.patience >= 0, f"--patience must be >= 0 (0 disables), got {self.patience}")
-        need(self.num_workers >= 0, f"--num-workers must be >= 0, got {self.num_workers}")
-        need(self.threads >= 0, f"--threads must be >= 0 (0: torch's default), got {self.threads}")
-        need(
-            self.stop_after_epoch is None or self.stop_after_epoch >= 1,
-            f"--stop-after-epoch must be >= 1, got {self.stop_after_epoch}",
-        )
+            expected = spec.problem(value)
+            need(expected is None, f"--{name.replace('_', '-')} must be {expected}, got {value!r}")
         if self.device == "cuda":
             need(torch.cuda.is_available(), "--device cuda was asked for but CUDA is not available")
         device = self.resolved_device()
@@ -132,3 +190,9 @@ class TrainConfig:
             v = getattr(self, f.name)
             out[f.name] = os.fspath(v) if isinstance(v, Path) else v
         return out
+
+
+# The numeric settings and their domains, by field name.
+NUMBERS: dict[str, Number] = {
+    f.name: f.metadata["number"] for f in dataclasses.fields(TrainConfig) if "number" in f.metadata
+}

@@ -4,14 +4,18 @@ summary.json, early stopping, and the peak-memory probe."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import resource
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fastops.train.checkpoint import atomic_write
 
 CSV_FIELDS = [
     "epoch",
@@ -27,18 +31,28 @@ CSV_FIELDS = [
 
 
 class MetricsWriter:
-    """Appends one row per epoch to metrics.csv and, if tensorboard is importable, to its events."""
+    """metrics.csv, one row per epoch, and the TensorBoard events if tensorboard is importable.
 
-    def __init__(self, run_dir: Path, *, resume: bool) -> None:
+    Each invocation starts metrics.csv afresh from ``history``, the rows the resumed checkpoint
+    carries (none in a new run), written atomically like a checkpoint: rows of epochs past the
+    checkpoint (written before a kill or crash, and about to be run again) and a row torn by a kill
+    mid-write are dropped, and a run resumed into another directory gets its earlier rows too.
+    TensorBoard is told to hide events past the checkpoint's ``step`` for the same reason.
+    """
+
+    def __init__(self, run_dir: Path, history: Sequence[dict[str, Any]] = (), *, step: int = 0) -> None:
         self.path = run_dir / "metrics.csv"
-        if not resume or not self.path.exists():
-            with open(self.path, "w", newline="") as f:
-                csv.DictWriter(f, fieldnames=CSV_FIELDS).writeheader()
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(history)
+        atomic_write(self.path, lambda f: f.write(text.getvalue().encode()))
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            # Events with a global step >= purge_step, left by an earlier invocation, are hidden.
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=step + 1)
         except ImportError:  # tensorboard is optional
             pass
 

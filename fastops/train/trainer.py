@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ RESUME_INVARIANTS = ("dataset", "image_size", "num_classes", "width", "epochs", 
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or inf (with --nonfinite stop)."""
+    """Training became NaN or inf: the training or (with --nonfinite stop) validation loss, or the
+    weights or optimizer state, which no checkpoint is ever written from."""
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -127,6 +129,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.best_state: dict[str, Tensor] | None = None
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        self.last_good: tuple[Path, int] | None = None  # the newest good checkpoint and its epoch
         if cfg.resume is not None:
             self.load(cfg.resume)
 
@@ -152,9 +155,20 @@ class Trainer:
         if self.is_main:  # one writer; the others wait at the barrier so nobody reads a half file
             checkpoint.atomic_save(state, path)
         distributed.barrier(self.dist)
+        if path.name == "last.pt":
+            self.last_good = (path, self.epoch)
+
+    def _save_best(self) -> None:
+        """best.pt: the weights (only) of this epoch, the best so far, for evaluation."""
+        self.best_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        self.save(
+            self.run_dir / "best.pt",
+            {"format": checkpoint.FORMAT_VERSION, "model": self.best_state, "epoch": self.epoch},
+        )
 
     def load(self, path: str | Path) -> None:
-        ckpt = checkpoint.load(path, map_location=self.device)
+        ckpt = checkpoint.load(path, map_location=self.device, resumable=True)
+        self.last_good = (Path(path), ckpt["epoch"])
         saved = ckpt["config"]
         for key in RESUME_INVARIANTS:
             if saved.get(key) != getattr(self.cfg, key):
@@ -177,8 +191,27 @@ class Trainer:
                 f"{self.dist.world_size}: dropout/augmentation continue from fresh seeds"
             )
         best = Path(path).parent / "best.pt"
-        if best.is_file():
-            self.best_state = checkpoint.load(best, map_location=self.device)["model"]
+        if self.early.best_epoch == self.epoch:
+            # The checkpoint's own epoch is the best one, so these are the best weights. best.pt is
+            # written after last.pt: a kill between the two left it an epoch behind. Write it again.
+            self._save_best()
+        elif best.is_file():
+            advice = (
+                f"best.pt beside --resume {str(path)!r} holds the best epoch's weights, which the "
+                "held-out test at the end of the run uses; restore it, or move it away to resume "
+                "without it (best.pt then starts again from the next epoch that beats the best "
+                "validation accuracy so far)"
+            )
+            try:
+                saved_best = checkpoint.load(best, map_location=self.device)
+            except checkpoint.CheckpointError as e:
+                raise checkpoint.CheckpointError(f"{e}; {advice}") from e
+            if saved_best["epoch"] != self.early.best_epoch:
+                raise checkpoint.CheckpointError(
+                    f"fastops.train: {str(best)!r} holds epoch {saved_best['epoch']}, but the best "
+                    f"epoch of --resume {str(path)!r} is {self.early.best_epoch}; {advice}"
+                )
+            self.best_state = saved_best["model"]
 
     # ---------------------------------------------------------------- the epochs
     def _batches(self, loader) -> Any:
@@ -196,6 +229,12 @@ class Trainer:
                 group.append((x, y))
             yield group
 
+    def _kept(self) -> str:
+        if self.last_good is None:
+            return "no checkpoint had been written yet"
+        path, epoch = self.last_good
+        return f"the last good checkpoint ({path}, epoch {epoch}) is kept"
+
     def _check_nonfinite(self) -> None:
         """The one host sync of the loss flag, at log intervals and epoch ends, not every step."""
         flag = self.nonfinite.to(torch.int32)
@@ -203,9 +242,20 @@ class Trainer:
         if int(flag) and self.cfg.nonfinite == "stop":
             raise NonFiniteLossError(
                 f"fastops.train: the training loss became NaN/inf before step {self.step} "
-                f"(epoch {self.epoch + 1}); the run is stopped and the last good checkpoint "
-                f"({self.run_dir / 'last.pt'}) is kept"
+                f"(epoch {self.epoch + 1}); the run is stopped and {self._kept()}"
             )
+
+    def _state_is_finite(self) -> bool:
+        """Whether the weights, buffers and optimizer state are free of NaN/inf on every rank.
+
+        A NaN gradient with a finite loss (say in the last step of an epoch) makes the weights NaN
+        without the loss flag ever seeing it. This catches it before a checkpoint is written, at the
+        cost of one host sync per epoch, never one per step.
+        """
+        tensors = checkpoint.training_state_tensors(self.module.state_dict(), self.optimizer.state)
+        bad = (~checkpoint.all_finite(tensors, self.device)).to(torch.int32)
+        distributed.all_reduce_sum(bad, self.dist)  # every rank stops together
+        return not int(bad)
 
     def train_epoch(self) -> dict[str, float]:
         cfg = self.cfg
@@ -303,7 +353,7 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from self.epoch to cfg.epochs (or early stop / --stop-after-epoch); return the summary."""
         cfg = self.cfg
-        metrics = MetricsWriter(self.run_dir, resume=cfg.resume is not None) if self.is_main else None
+        metrics = MetricsWriter(self.run_dir, self.history, step=self.step) if self.is_main else None
         started_at = self.epoch
         stopped = "completed"
         wall = time.perf_counter()
@@ -318,7 +368,6 @@ class Trainer:
                 train = self.train_epoch()
                 val = self.evaluate(self.data.val)
                 self.epoch += 1
-                improved = self.early.update(val["accuracy"], self.epoch)
                 row = {
                     "epoch": self.epoch,
                     "step": self.step,
@@ -335,13 +384,31 @@ class Trainer:
                         f"val loss {val['loss']:.4f}  val acc {100 * val['accuracy']:6.2f}%  "
                         f"{train['samples_per_s']:8.1f} samples/s"
                     )
-                if improved:
-                    self.best_state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
-                    self.save(
-                        self.run_dir / "best.pt",
-                        {"format": checkpoint.FORMAT_VERSION, "model": self.best_state, "epoch": self.epoch},
+                # No checkpoint from non-finite weights or optimizer state. Nothing can skip them:
+                # the step that made them has been taken, and every later one would start from them.
+                if not self._state_is_finite():
+                    raise NonFiniteLossError(
+                        f"fastops.train: the weights or optimizer state became NaN/inf in epoch "
+                        f"{self.epoch}; they are not saved, the run is stopped and {self._kept()}"
                     )
+                # A NaN/inf validation loss from finite weights (an fp16 overflow, say) counts as a
+                # non-finite training loss: stop, or with --nonfinite skip, skip this epoch's
+                # checkpoints and count it as an epoch without improvement.
+                if not math.isfinite(val["loss"]):
+                    problem = f"fastops.train: the validation loss is {val['loss']} after epoch {self.epoch}"
+                    if cfg.nonfinite == "stop":
+                        raise NonFiniteLossError(f"{problem}; the run is stopped and {self._kept()}")
+                    if self.is_main:
+                        print(f"{problem}; no checkpoint of this epoch (--nonfinite skip)")
+                    self.early.update(-math.inf, self.epoch)
+                    continue
+                improved = self.early.update(val["accuracy"], self.epoch)
                 self.save(self.run_dir / "last.pt", self.state_dict())
+                # best.pt after last.pt: a kill between them leaves a last.pt whose best epoch is its
+                # own, from which load() writes best.pt again. The other order would leave a best.pt
+                # of an epoch the resumed run has not reached, with the best before it overwritten.
+                if improved:
+                    self._save_best()
             else:
                 stopped = "early_stopping" if self.early.should_stop else "completed"
         except NonFiniteLossError:

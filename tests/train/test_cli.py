@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import re
 
 import pytest
 import torch
 
-from fastops.train import TrainConfig
+from fastops.train import TrainConfig, fit
 from fastops.train.cli import build_parser, main
-from fastops.train.config import ConfigError
+from fastops.train.config import NUMBERS, ConfigError
 
 TINY = ["--epochs", "1", "--image-size", "8", "--width", "8", "--no-progress", "--device", "cpu"]
 
@@ -74,6 +77,58 @@ def test_config_validation_in_the_library() -> None:
         TrainConfig(dropout=1.5).validate()
     with pytest.raises(ConfigError, match="--amp must be one of"):
         TrainConfig(amp="int8").validate()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--lr", "inf"], "argument --lr: expected a finite number > 0, got inf"),
+        (["--baseline", "--lr", "inf"], "argument --lr: expected a finite number > 0, got inf"),
+        (["--lr", "nan"], "argument --lr: expected a finite number > 0, got nan"),
+        (["--lr", "0"], "argument --lr: expected a finite number > 0, got 0"),
+        (["--seed", "99999999999999999999"], "argument --seed: expected an integer in [0, 4294967295]"),
+        (["--seed", "-1"], "argument --seed: expected an integer in [0, 4294967295], got -1"),
+        (["--width", "99999999999999999999"], "argument --width: expected an integer >= 1 and at most 2**63"),
+        (["--weight-decay", "inf"], "argument --weight-decay: expected a finite number >= 0, got inf"),
+        (["--grad-clip", "nan"], "argument --grad-clip: expected a finite number >= 0, got nan"),
+        (["--dropout", "1"], "argument --dropout: expected a finite number in [0, 1), got 1"),
+        (["--patience", "-1"], "argument --patience: expected an integer >= 0, got -1"),
+        (["--threads", "-2"], "argument --threads: expected an integer in [0, 2147483647], got -2"),
+        (["--num-workers", "-1"], "argument --num-workers: expected an integer >= 0, got -1"),
+        (["--num-classes", "1"], "argument --num-classes: expected an integer >= 2, got 1"),
+        (["--image-size", "4"], "argument --image-size: expected an integer >= 8, got 4"),
+        (["--stop-after-epoch", "0"], "argument --stop-after-epoch: expected an integer >= 1, got 0"),
+    ],
+)
+def test_numeric_flags_are_checked_before_anything_is_built(argv, message, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, *argv, "--out-dir", str(tmp_path / "run")])
+    assert e.value.code == 2
+    assert f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_numeric_setting_is_checked_alike_by_the_cli_and_the_library(tmp_path) -> None:
+    numeric = {f.name for f in dataclasses.fields(TrainConfig) if f.type in ("int", "float", "int | None")}
+    assert set(NUMBERS) == numeric
+    parser = build_parser()
+    parser.exit_on_error = False  # raise argparse.ArgumentError instead
+    for name, spec in NUMBERS.items():
+        flag = "--" + name.replace("_", "-")
+        bad = "inf" if spec.kind is float else str(spec.low - 1)
+        with pytest.raises(argparse.ArgumentError, match=re.escape(f"expected {spec.describe()}, got {bad}")):
+            parser.parse_args([flag, bad])
+        with pytest.raises(
+            ConfigError, match=re.escape(f"{flag} must be {spec.describe()}, got {spec.kind(bad)!r}")
+        ):
+            TrainConfig(**{name: spec.kind(bad)}).validate()
+    with pytest.raises(ConfigError, match="--lr must be a finite number > 0, got inf"):
+        fit(TrainConfig(lr=float("inf"), out_dir=tmp_path / "run"))
+    with pytest.raises(ConfigError, match="--seed must be an integer in"):
+        fit(TrainConfig(seed=10**20, out_dir=tmp_path / "run"))
+    with pytest.raises(ConfigError, match="--epochs must be an integer >= 1, got 2.0"):
+        fit(TrainConfig(epochs=2.0, out_dir=tmp_path / "run"))  # type: ignore[arg-type]
+    assert not (tmp_path / "run").exists()
 
 
 def test_help_lists_the_main_options(capsys) -> None:
