@@ -157,7 +157,9 @@ def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
     return obj
 
 
-def _named_tensors(op: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def _named_tensors(
+    op: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any]
+) -> list[tuple[str, torch.Tensor]]:
     """Every tensor argument of a call with the name of its parameter (`params[3]` inside a list)."""
     bound = inspect.signature(op).bind(*args, **kwargs)
     named = []
@@ -169,7 +171,9 @@ def _named_tensors(op: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any
     return named
 
 
-def _fresh(spec: OpSpec, sample: Sample, convert: Callable[[torch.Tensor], torch.Tensor] | None = None):
+def _fresh(
+    spec: OpSpec, sample: Sample, convert: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> tuple[tuple, dict[str, Any]]:
     """The sample's arguments for one call: each tensor detached (which keeps a view's strides),
     converted, cloned if the op writes into it, and requiring grad as the sample's tensor did."""
 
