@@ -1,8 +1,10 @@
-"""fastops.clipped_log against its float64 reference, on every device, dtype and layout."""
+"""fastops.clipped_log: its contract spec, and the edge cases of its own (special values, eps held in
+fp32, errors, CUDA alignment, >2^31 elements)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,8 +22,9 @@ from tests.helpers import (
     layouts,
     spot_slices,
 )
+from tests.ops.contract import ContractTests, OpSpec, Sample
 
-MODES = pytest.mark.parametrize("straight_through", [True, False], ids=["straight", "exact"])
+MODES = {"straight": True, "exact": False}  # straight_through
 
 
 def _eps_for(dtype: torch.dtype) -> float:
@@ -29,7 +32,7 @@ def _eps_for(dtype: torch.dtype) -> float:
     return 1e-6 if dtype in (torch.float32, torch.float64) else 1e-3
 
 
-def _sample(shape: tuple[int, ...], dtype: torch.dtype, device: str, eps: float) -> torch.Tensor:
+def _values(shape: tuple[int, ...], dtype: torch.dtype, device: str, eps: float) -> torch.Tensor:
     """Values on both sides of eps: negatives, zeros, tiny positives, ones and large ones."""
     x = torch.randn(shape, dtype=torch.float64) * 3
     if x.numel():
@@ -39,54 +42,57 @@ def _sample(shape: tuple[int, ...], dtype: torch.dtype, device: str, eps: float)
     return x.to(dtype=dtype, device=device)
 
 
-def _run(
-    x: torch.Tensor, eps: float, straight_through: bool, fn
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Forward and input gradient of fn, with a random upstream gradient of x's dtype."""
-    x = x.detach().requires_grad_(True)
-    y = fn(x, eps, straight_through)
-    g = (
-        torch.randn(y.shape, dtype=y.dtype, device=y.device, generator=torch.Generator().manual_seed(1))
-        if y.device.type == "cpu"
-        else torch.randn_like(y)
-    )
-    (grad_x,) = torch.autograd.grad(y, x, g) if y.numel() else (torch.zeros_like(x),)
-    return y.detach(), grad_x, g
+def clipped_log_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    """Every shape of SHAPES in every layout of `layouts`, with both gradients."""
+    # eps as the kernel holds it (fp32 for every half/fp32 input), so that the float64 reference
+    # clamps at the very same value.
+    eps = float(torch.tensor(_eps_for(dtype), dtype=torch.float32))
+    for shape in SHAPES:
+        base = _values(shape, dtype, device, eps)
+        for mode, straight_through in MODES.items():
+            for layout, x in layouts(base):
+                x = x.detach().requires_grad_(requires_grad)
+                yield Sample((x, eps, straight_through), id=f"{shape}-{mode}-{layout}")
 
 
-@devices
-@dtypes
-@MODES
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_matches_reference(
-    device: str, dtype: torch.dtype, straight_through: bool, shape: tuple[int, ...]
-) -> None:
-    eps = _eps_for(dtype)
-    base = _sample(shape, dtype, device, eps)
-    for layout, x in layouts(base):
-        y, grad_x, g = _run(x, eps, straight_through, fastops.clipped_log)
-        # Reference in float64 with eps as the kernel holds it (fp32 for every half/fp32 input).
-        eps_held = float(torch.tensor(eps, dtype=torch.float32))
-        x64 = x.detach().double().requires_grad_(True)
-        y64 = reference.clipped_log(x64, eps_held, straight_through)
-        (grad64,) = torch.autograd.grad(y64, x64, g.double()) if y64.numel() else (torch.zeros_like(x64),)
-        eager_y = eager_g = None
-        if dtype in (torch.float16, torch.bfloat16):
-            eager_y, eager_g, _ = _run(x, eps, straight_through, reference.clipped_log)
-        try:
-            assert y.dtype == dtype and y.shape == x.shape
-            assert_close_to_reference(y, y64, eager=eager_y, factor=2.0)
-            assert_close_to_reference(grad_x, grad64, eager=eager_g, factor=3.0)
-        except AssertionError as e:
-            raise AssertionError(f"layout {layout}: {e}") from None
+def clipped_log_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    """Away from the kink at eps; straight-through is a surrogate below eps, so only x > eps there."""
+    eps = 1e-3
+    for mode, straight_through in MODES.items():
+        low = torch.rand(20, dtype=torch.float64) * 0.5 * eps
+        high = torch.rand(20, dtype=torch.float64) + 2 * eps
+        x = torch.cat([high, low]) if not straight_through else high
+        x = x.to(dtype=dtype, device=device).view(-1, 4).t()  # a transposed view
+        yield Sample((x.requires_grad_(requires_grad), eps, straight_through), id=f"transposed-{mode}")
 
 
-@devices
-def test_output_keeps_dense_layout(device: str) -> None:
-    x = torch.rand(2, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last)
-    assert fastops.clipped_log(x).stride() == x.stride()
-    t = torch.rand(6, 7, device=device).t()
-    assert fastops.clipped_log(t).stride() == t.stride()
+def clipped_log_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
+    for shape in [(5,), (3, 4), (2, 3, 4, 5), (0, 3)]:
+        x = (torch.rand(shape, dtype=dtype, device=device) - 0.2).requires_grad_(True)
+        g = torch.randn(shape, dtype=dtype, device=device)
+        for straight_through in MODES.values():
+            yield torch.ops.fastops.clipped_log.default, (x, 1e-3, straight_through)
+            yield torch.ops.fastops.clipped_log_backward.default, (g, x.detach(), 1e-3, straight_through)
+
+
+CLIPPED_LOG = OpSpec(
+    name="clipped_log",
+    op=fastops.clipped_log,
+    reference=reference.clipped_log,
+    sample_inputs=clipped_log_samples,
+    small_inputs=clipped_log_small,
+    opcheck_inputs=clipped_log_opcheck,
+    autocast=torch.float32,
+    output_format="preserve_format",
+    gradgradcheck=True,
+)
+
+
+class TestClippedLogContract(ContractTests):
+    spec = CLIPPED_LOG
+
+
+# ---- edge cases --------------------------------------------------------------------------------------
 
 
 @devices
@@ -130,54 +136,7 @@ def test_fp16_tiny_eps_is_held_in_fp32() -> None:
     assert torch.isinf(torch.log(torch.clamp(x, min=1e-8))).all()
 
 
-@MODES
-def test_gradcheck(straight_through: bool) -> None:
-    eps = 1e-3
-    # Away from the kink at eps; straight-through is a surrogate below eps, so only x > eps there.
-    low = torch.rand(20, dtype=torch.float64) * 0.5 * eps
-    high = torch.rand(20, dtype=torch.float64) + 2 * eps
-    x = torch.cat([high, low]) if not straight_through else high
-    x = x.view(-1, 4).t().requires_grad_(True)  # a transposed view
-    fn = lambda t: fastops.clipped_log(t, eps, straight_through)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x,))
-    assert torch.autograd.gradgradcheck(fn, (x,))
-
-
-@devices
-@MODES
-def test_opcheck(device: str, straight_through: bool) -> None:
-    for dtype in (torch.float32, torch.bfloat16):
-        for shape in [(5,), (3, 4), (2, 3, 4, 5), (0, 3)]:
-            x = (torch.rand(shape, dtype=dtype, device=device) - 0.2).requires_grad_(True)
-            torch.library.opcheck(torch.ops.fastops.clipped_log.default, (x, 1e-3, straight_through))
-            g = torch.randn(shape, dtype=dtype, device=device)
-            torch.library.opcheck(
-                torch.ops.fastops.clipped_log_backward.default, (g, x.detach(), 1e-3, straight_through)
-            )
-
-
-@devices
-def test_torch_compile_fullgraph(device: str) -> None:
-    def f(t: torch.Tensor) -> torch.Tensor:
-        return (fastops.clipped_log(t, 1e-4, straight_through=True) * 2).sum()
-
-    compiled = torch.compile(f, fullgraph=True, dynamic=False)
-    x = (torch.rand(64, 33, device=device) - 0.1).requires_grad_(True)
-    x_ref = x.detach().clone().requires_grad_(True)
-    compiled(x).backward()
-    f(x_ref).backward()
-    torch.testing.assert_close(compiled(x.detach()), f(x_ref.detach()))
-    torch.testing.assert_close(x.grad, x_ref.grad)
-
-
-@devices
-def test_autocast_runs_in_float32(device: str) -> None:
-    dtype = torch.bfloat16 if device == "cpu" else torch.float16
-    x = torch.rand(8, 9, device=device, dtype=dtype) + 0.01
-    with torch.autocast(device_type=device, dtype=dtype):
-        y = fastops.clipped_log(x)
-    assert y.dtype == torch.float32
-    torch.testing.assert_close(y, torch.log(torch.clamp(x.float(), min=1e-6)))
+# ---- errors ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64])

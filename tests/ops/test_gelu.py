@@ -1,8 +1,10 @@
-"""fastops.gelu / fastops.bias_gelu against their float64 references, on every device, dtype and layout."""
+"""fastops.gelu / fastops.bias_gelu: their contract specs, and the edge cases of their own (tail accuracy,
+special values, determinism, errors, CUDA grid and alignment paths, >2^31 elements)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -21,12 +23,13 @@ from tests.helpers import (
     layouts,
     spot_slices,
 )
+from tests.ops.contract import ContractTests, OpSpec, Sample, check_close
 
-FORMS = pytest.mark.parametrize("approximate", ["none", "tanh"])
-HALF = (torch.float16, torch.bfloat16)
+APPROXIMATE = ("none", "tanh")
+FORMS = pytest.mark.parametrize("approximate", APPROXIMATE)
 
 
-def _sample(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
+def _values(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:
     """N(0, 3^2) values plus a share of deep negative-tail values and exact zeros."""
     x = torch.randn(shape, dtype=torch.float64) * 3
     if x.numel():
@@ -36,60 +39,150 @@ def _sample(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Te
     return x.to(dtype=dtype, device=device)
 
 
-def _upstream(y: torch.Tensor) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1)
-    return torch.randn(y.shape, dtype=torch.float64, generator=gen).to(dtype=y.dtype, device=y.device)
-
-
-def _grads(fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:  # noqa: ANN001
-    """fn(*inputs), the gradients of every input for a fixed random upstream gradient, and that gradient."""
-    leaves = [t.detach().requires_grad_(True) for t in inputs]
-    y = fn(*leaves)
-    g = _upstream(y)
-    grads = list(torch.autograd.grad(y, leaves, g)) if y.numel() else [torch.zeros_like(t) for t in leaves]
-    return y.detach(), grads, g
-
-
-def _check(
-    actual: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor | None, factor: float, what: str
-) -> None:
-    try:
-        assert_close_to_reference(actual, ref64, eager=eager, factor=factor)
-    except AssertionError as e:
-        raise AssertionError(f"{what}: {e}") from None
+def _opcheck_shapes(device: str, dtype: torch.dtype) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """x (requiring grad) and an upstream gradient, for opcheck."""
+    for shape in [(5,), (3, 4), (2, 3, 4, 5), (0, 3)]:
+        x = (torch.randn(shape, dtype=dtype, device=device) * 2).requires_grad_(True)
+        yield x, torch.randn(shape, dtype=dtype, device=device)
 
 
 # ---- gelu -----------------------------------------------------------------------------------------
 
 
-@devices
-@dtypes
-@FORMS
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_gelu_matches_reference(
-    device: str, dtype: torch.dtype, approximate: str, shape: tuple[int, ...]
-) -> None:
-    base = _sample(shape, dtype, device)
-    for layout, x in layouts(base):
-        y, (grad_x,), g = _grads(lambda t: fastops.gelu(t, approximate), x)
-        x64 = x.detach().double().requires_grad_(True)
-        y64 = reference.gelu(x64, approximate)
-        (grad64,) = torch.autograd.grad(y64, x64, g.double()) if y64.numel() else (torch.zeros_like(x64),)
-        y64 = y64.detach()
-        eager_y = eager_g = None
-        if dtype in HALF:
-            eager_y, (eager_g,), _ = _grads(lambda t: F.gelu(t, approximate=approximate), x)
-        assert y.dtype == dtype and y.shape == x.shape
-        _check(y, y64, eager_y, 2.0, f"layout {layout}, forward")
-        _check(grad_x, grad64, eager_g, 3.0, f"layout {layout}, grad_x")
+def gelu_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    """Every shape of SHAPES in every layout of `layouts`, in both forms."""
+    for shape in SHAPES:
+        base = _values(shape, dtype, device)
+        for approximate in APPROXIMATE:
+            for layout, x in layouts(base):
+                x = x.detach().requires_grad_(requires_grad)
+                yield Sample((x, approximate), id=f"{shape}-{approximate}-{layout}")
 
 
-@devices
-def test_gelu_output_keeps_dense_layout(device: str) -> None:
-    x = torch.randn(2, 3, 4, 5, device=device).contiguous(memory_format=torch.channels_last)
-    assert fastops.gelu(x).stride() == x.stride()
-    t = torch.randn(6, 7, device=device).t()
-    assert fastops.gelu(t, "tanh").stride() == t.stride()
+def gelu_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    for approximate in APPROXIMATE:
+        x = (torch.randn(40, dtype=torch.float64) * 3).to(dtype=dtype, device=device)
+        x = x.view(-1, 5).t().requires_grad_(requires_grad)  # a transposed view
+        yield Sample((x, approximate), id=f"transposed-{approximate}")
+
+
+def gelu_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
+    for x, g in _opcheck_shapes(device, dtype):
+        for approximate in APPROXIMATE:
+            yield torch.ops.fastops.gelu.default, (x, approximate)
+            yield torch.ops.fastops.gelu_backward.default, (g, x.detach(), approximate)
+
+
+GELU = OpSpec(
+    name="gelu",
+    op=fastops.gelu,
+    reference=reference.gelu,
+    eager=lambda x, approximate="none": F.gelu(x, approximate=approximate),
+    sample_inputs=gelu_samples,
+    small_inputs=gelu_small,
+    opcheck_inputs=gelu_opcheck,
+    autocast="input",
+    output_format="preserve_format",
+    gradgradcheck=True,
+)
+
+
+class TestGeluContract(ContractTests):
+    spec = GELU
+
+
+# ---- bias_gelu ------------------------------------------------------------------------------------
+
+
+def _bias_layouts(t: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """Views of t with the same shape (the last dim stays the bias dim) in several layouts."""
+    yield "contiguous", t
+    if t.dim() >= 2:
+        yield "column-major", t.transpose(0, -1).contiguous().transpose(0, -1)
+    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    wide[..., ::2] = t
+    yield "sliced", wide[..., ::2]
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    flat[1:] = t.reshape(-1)
+    yield "offset1", flat[1:].view(t.shape)
+
+
+BIAS_SHAPES = [
+    (1,),
+    (7,),
+    (5, 1),
+    (3, 17),
+    (4, 33),
+    (6, 10),
+    (2, 3, 10),
+    (2, 3, 16),
+    (2, 3, 4, 5),
+    (2, 3, 4, 10),
+    (300, 1100),
+    (0, 6),
+    (2, 0, 5),
+    (3, 0),
+]
+
+
+def bias_gelu_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    """Every shape of BIAS_SHAPES in every layout of `_bias_layouts`, in both forms; and a bias one
+    element off 16-byte alignment next to an aligned x with a vector-multiple row, where the kernels
+    must take the element path for the whole launch (the vector path would read bias misaligned)."""
+    for shape in BIAS_SHAPES:
+        base = _values(shape, dtype, device)
+        bias = (torch.randn(shape[-1], dtype=torch.float64) * 2).to(dtype=dtype, device=device)
+        bias.requires_grad_(requires_grad)
+        for approximate in APPROXIMATE:
+            for layout, x in _bias_layouts(base):
+                x = x.detach().requires_grad_(requires_grad)
+                yield Sample((x, bias, approximate), id=f"{shape}-{approximate}-{layout}")
+    x = _values((37, 64), dtype, device).requires_grad_(requires_grad)
+    bias = torch.randn(65, dtype=torch.float64).to(dtype=dtype, device=device)[1:]
+    assert x.data_ptr() % 16 == 0 and bias.data_ptr() % 16 != 0
+    bias.requires_grad_(requires_grad)
+    for approximate in APPROXIMATE:
+        yield Sample((x, bias, approximate), id=f"unaligned-bias-{approximate}")
+
+
+def bias_gelu_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    for approximate in APPROXIMATE:
+        x = (torch.randn(3, 4, 6, dtype=torch.float64) * 2).to(dtype=dtype, device=device)
+        b = torch.randn(6, dtype=torch.float64).to(dtype=dtype, device=device)
+        yield Sample(
+            (x.requires_grad_(requires_grad), b.requires_grad_(requires_grad), approximate), id=approximate
+        )
+
+
+def bias_gelu_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
+    for x, g in _opcheck_shapes(device, dtype):
+        b = torch.randn(x.shape[-1], dtype=dtype, device=device).requires_grad_(True)
+        for approximate in APPROXIMATE:
+            yield torch.ops.fastops.bias_gelu.default, (x, b, approximate)
+            yield torch.ops.fastops.bias_gelu_backward.default, (g, x.detach(), b.detach(), approximate)
+
+
+BIAS_GELU = OpSpec(
+    name="bias_gelu",
+    op=fastops.bias_gelu,
+    reference=reference.bias_gelu,
+    eager=lambda x, bias, approximate="none": F.gelu(x + bias, approximate=approximate),
+    sample_inputs=bias_gelu_samples,
+    small_inputs=bias_gelu_small,
+    opcheck_inputs=bias_gelu_opcheck,
+    autocast="input",
+    output_format="contiguous_format",
+    # grad_bias sums over up to 300 rows: fp32 accumulation error grows with it.
+    fp32_tolerances={"grad_bias": (1e-5, 1e-4)},
+    gradgradcheck=True,
+)
+
+
+class TestBiasGeluContract(ContractTests):
+    spec = BIAS_GELU
+
+
+# ---- gelu: accuracy and special values ------------------------------------------------------------
 
 
 def _ulps(actual: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
@@ -174,14 +267,6 @@ def test_special_values(device: str, dtype: torch.dtype, approximate: str) -> No
     assert grad[3].item() == 0.5 and grad[5].item() == 0.0 and grad[6].item() == 1.0
 
 
-@FORMS
-def test_gelu_gradcheck(approximate: str) -> None:
-    x = (torch.randn(40, dtype=torch.float64) * 3).view(-1, 5).t().requires_grad_(True)  # a transposed view
-    fn = lambda t: fastops.gelu(t, approximate)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x,))
-    assert torch.autograd.gradgradcheck(fn, (x,))
-
-
 def test_fp64_matches_reference_tightly() -> None:
     # The tanh form's result is ill-conditioned in y = k (x + c x^3) far left (|y| ~ 1000 at x = -30):
     # one ulp of y is ~2000 ulp of the result, hence the looser bound there.
@@ -194,26 +279,7 @@ def test_fp64_matches_reference_tightly() -> None:
         assert rel.max().item() < bound, (approximate, rel.max().item())
 
 
-@devices
-@FORMS
-def test_gelu_opcheck(device: str, approximate: str) -> None:
-    for dtype in (torch.float32, torch.bfloat16):
-        for shape in [(5,), (3, 4), (2, 3, 4, 5), (0, 3)]:
-            x = (torch.randn(shape, dtype=dtype, device=device) * 2).requires_grad_(True)
-            torch.library.opcheck(torch.ops.fastops.gelu.default, (x, approximate))
-            g = torch.randn(shape, dtype=dtype, device=device)
-            torch.library.opcheck(torch.ops.fastops.gelu_backward.default, (g, x.detach(), approximate))
-
-
-@devices
-def test_gelu_autocast_keeps_input_dtype(device: str) -> None:
-    half = torch.bfloat16 if device == "cpu" else torch.float16
-    for dtype in (torch.float32, half):
-        x = torch.randn(8, 9, device=device, dtype=dtype)
-        with torch.autocast(device_type=device, dtype=half):
-            y = fastops.gelu(x)
-            want = F.gelu(x)
-        assert y.dtype == want.dtype == dtype
+# ---- errors ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64])
@@ -249,119 +315,6 @@ def test_backward_ops_check_shapes_and_dtypes() -> None:
         torch.ops.fastops.bias_gelu_backward(torch.ones(2, 3), torch.ones(3, 3), torch.ones(3), "tanh")
 
 
-# ---- bias_gelu ------------------------------------------------------------------------------------
-
-
-def _bias_layouts(t: torch.Tensor):  # noqa: ANN202
-    """Views of t with the same shape (the last dim stays the bias dim) in several layouts."""
-    yield "contiguous", t
-    if t.dim() >= 2:
-        yield "column-major", t.transpose(0, -1).contiguous().transpose(0, -1)
-    wide = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
-    wide[..., ::2] = t
-    yield "sliced", wide[..., ::2]
-    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
-    flat[1:] = t.reshape(-1)
-    yield "offset1", flat[1:].view(t.shape)
-
-
-BIAS_SHAPES = [
-    (1,),
-    (7,),
-    (5, 1),
-    (3, 17),
-    (4, 33),
-    (2, 3, 16),
-    (2, 3, 4, 5),
-    (300, 1100),
-    (0, 6),
-    (2, 0, 5),
-    (3, 0),
-]
-
-
-@devices
-@dtypes
-@FORMS
-@pytest.mark.parametrize("shape", BIAS_SHAPES, ids=str)
-def test_bias_gelu_matches_reference(
-    device: str, dtype: torch.dtype, approximate: str, shape: tuple[int, ...]
-) -> None:
-    base = _sample(shape, dtype, device)
-    bias = (torch.randn(shape[-1], dtype=torch.float64) * 2).to(dtype=dtype, device=device)
-    for layout, x in _bias_layouts(base):
-        y, (grad_x, grad_b), g = _grads(lambda t, b: fastops.bias_gelu(t, b, approximate), x, bias)
-        x64, b64 = x.detach().double().requires_grad_(True), bias.detach().double().requires_grad_(True)
-        y64 = reference.bias_gelu(x64, b64, approximate)
-        if y64.numel():
-            grad64, gradb64 = torch.autograd.grad(y64, (x64, b64), g.double())
-        else:
-            grad64, gradb64 = torch.zeros_like(x64), torch.zeros_like(b64)
-        eager = [None, None, None]
-        if dtype in HALF:
-            ey, (eg, egb), _ = _grads(lambda t, b: F.gelu(t + b, approximate=approximate), x, bias)
-            eager = [ey, eg, egb]
-        assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
-        assert grad_b.shape == bias.shape and grad_b.dtype == dtype
-        _check(y, y64.detach(), eager[0], 2.0, f"layout {layout}, forward")
-        _check(grad_x, grad64, eager[1], 3.0, f"layout {layout}, grad_x")
-        if dtype == torch.float32:  # a sum over up to 300 rows: fp32 accumulation error grows with it
-            assert_close_to_reference(grad_b, gradb64, rtol=1e-5, atol=1e-4)
-        else:
-            _check(grad_b, gradb64, eager[2], 3.0, f"layout {layout}, grad_bias")
-
-
-@devices
-def test_bias_gelu_broadcast_and_noncontiguous_x(device: str) -> None:
-    for shape in [(6, 10), (2, 3, 10), (2, 3, 4, 10)]:
-        x = torch.randn(*shape[:-1], 2 * shape[-1], device=device)[..., ::2]  # last dim strided
-        b = torch.randn(shape[-1], device=device)
-        torch.testing.assert_close(fastops.bias_gelu(x, b), F.gelu(x + b))
-        xt = torch.randn(shape[::-1], device=device).transpose(0, -1)
-        bt = torch.randn(xt.shape[-1], device=device)
-        torch.testing.assert_close(fastops.bias_gelu(xt, bt, "tanh"), F.gelu(xt + bt, approximate="tanh"))
-
-
-@devices
-@dtypes
-def test_bias_gelu_grad_bias_is_deterministic(device: str, dtype: torch.dtype) -> None:
-    x = torch.randn(1537, 777, device=device, dtype=dtype)
-    b = torch.randn(777, device=device, dtype=dtype)
-    g = torch.randn_like(x)
-    first = torch.ops.fastops.bias_gelu_backward(g, x, b, "none")
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, max(2, threads)):
-            torch.set_num_threads(n)
-            again = torch.ops.fastops.bias_gelu_backward(g, x, b, "none")
-            assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
-    finally:
-        torch.set_num_threads(threads)
-
-
-@FORMS
-def test_bias_gelu_gradcheck(approximate: str) -> None:
-    x = (torch.randn(3, 4, 6, dtype=torch.float64) * 2).requires_grad_(True)
-    b = torch.randn(6, dtype=torch.float64).requires_grad_(True)
-    fn = lambda t, bb: fastops.bias_gelu(t, bb, approximate)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x, b))
-    assert torch.autograd.gradgradcheck(fn, (x, b))
-
-
-@devices
-@FORMS
-def test_bias_gelu_opcheck(device: str, approximate: str) -> None:
-    for dtype in (torch.float32, torch.bfloat16):
-        for shape in [(5,), (3, 4), (2, 3, 4, 5), (0, 3)]:
-            x = (torch.randn(shape, dtype=dtype, device=device) * 2).requires_grad_(True)
-            b = torch.randn(shape[-1], dtype=dtype, device=device).requires_grad_(True)
-            torch.library.opcheck(torch.ops.fastops.bias_gelu.default, (x, b, approximate))
-            g = torch.randn(shape, dtype=dtype, device=device)
-            torch.library.opcheck(
-                torch.ops.fastops.bias_gelu_backward.default, (g, x.detach(), b.detach(), approximate)
-            )
-
-
 def test_bias_gelu_rejects_bad_bias() -> None:
     x = torch.randn(4, 5)
     with pytest.raises(
@@ -384,23 +337,27 @@ def test_bias_gelu_rejects_bad_bias() -> None:
         fastops.bias_gelu(x, [1.0] * 5)  # type: ignore[arg-type]
 
 
-# ---- compile, devices ------------------------------------------------------------------------------
+# ---- bias_gelu: determinism -----------------------------------------------------------------------
 
 
 @devices
-def test_torch_compile_fullgraph(device: str) -> None:
-    def f(t: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return (fastops.gelu(t, "tanh") * 2 + fastops.bias_gelu(t, b)).sum()
+@dtypes
+def test_bias_gelu_grad_bias_is_deterministic(device: str, dtype: torch.dtype) -> None:
+    x = torch.randn(1537, 777, device=device, dtype=dtype)
+    b = torch.randn(777, device=device, dtype=dtype)
+    g = torch.randn_like(x)
+    first = torch.ops.fastops.bias_gelu_backward(g, x, b, "none")
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, max(2, threads)):
+            torch.set_num_threads(n)
+            again = torch.ops.fastops.bias_gelu_backward(g, x, b, "none")
+            assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    finally:
+        torch.set_num_threads(threads)
 
-    compiled = torch.compile(f, fullgraph=True, dynamic=False)
-    x = torch.randn(64, 33, device=device).requires_grad_(True)
-    b = torch.randn(33, device=device).requires_grad_(True)
-    x_ref, b_ref = x.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
-    compiled(x, b).backward()
-    f(x_ref, b_ref).backward()
-    torch.testing.assert_close(compiled(x.detach(), b.detach()), f(x_ref.detach(), b_ref.detach()))
-    torch.testing.assert_close(x.grad, x_ref.grad)
-    torch.testing.assert_close(b.grad, b_ref.grad)
+
+# ---- CUDA: errors, alignment, the grid clamp, >2^31 elements --------------------------------------
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
@@ -430,32 +387,6 @@ def test_cuda_large_tensor_tail_and_unaligned() -> None:
         reference.bias_gelu(x64, b64).sum().backward()
         torch.testing.assert_close(xg.grad, x64.grad.float())
         torch.testing.assert_close(bg.grad, b64.grad.float(), rtol=1e-5, atol=1e-3)
-
-
-@devices
-@dtypes
-def test_bias_gelu_unaligned_bias(device: str, dtype: torch.dtype) -> None:
-    """x 16-byte aligned with a vector-multiple row, bias one element off alignment: the kernels must
-    take the element path for the whole launch (the vector path would read bias misaligned)."""
-    x = _sample((37, 64), dtype, device)
-    storage = torch.randn(65, dtype=torch.float64).to(dtype=dtype, device=device)
-    bias = storage[1:]
-    assert x.data_ptr() % 16 == 0 and bias.data_ptr() % 16 != 0
-    for approximate in ("none", "tanh"):
-        y, (grad_x, grad_b), g = _grads(lambda t, b: fastops.bias_gelu(t, b, approximate), x, bias)  # noqa: B023
-        x64, b64 = x.double().requires_grad_(True), bias.double().requires_grad_(True)
-        y64 = reference.bias_gelu(x64, b64, approximate)
-        grad64, gradb64 = torch.autograd.grad(y64, (x64, b64), g.double())
-        eager = [None, None, None]
-        if dtype in HALF:
-            ey, (eg, egb), _ = _grads(lambda t, b: F.gelu(t + b, approximate=approximate), x, bias)  # noqa: B023
-            eager = [ey, eg, egb]
-        _check(y, y64.detach(), eager[0], 2.0, f"{approximate}, forward")
-        _check(grad_x, grad64, eager[1], 3.0, f"{approximate}, grad_x")
-        if dtype == torch.float32:
-            assert_close_to_reference(grad_b, gradb64, rtol=1e-5, atol=1e-4)
-        else:
-            _check(grad_b, gradb64, eager[2], 3.0, f"{approximate}, grad_bias")
 
 
 @cuda_only
@@ -492,8 +423,9 @@ def test_cuda_more_than_2_31_elements() -> None:
         x64 = x[s].double().requires_grad_(True)
         y64 = reference.gelu(x64)
         (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
-        _check(y[s], y64.detach(), F.gelu(x[s]), 2.0, f"gelu forward {s}")
-        _check(dx[s], dx64, torch.ops.aten.gelu_backward(g[s], x[s]), 3.0, f"gelu backward {s}")
+        check_close(f"gelu forward {s}", y[s], y64.detach(), eager=F.gelu(x[s]))
+        eager_dx = torch.ops.aten.gelu_backward(g[s], x[s])
+        check_close(f"gelu backward {s}", dx[s], dx64, eager=eager_dx, factor=3.0)
     del y, dx
     cols = 4096  # rows of whole 16-byte vectors: the vector kernels, past 2^31 elements
     rows = LARGE_NUMEL // cols + 1
@@ -507,9 +439,9 @@ def test_cuda_more_than_2_31_elements() -> None:
         x64, b64 = x[s].double().requires_grad_(True), bias.double().requires_grad_(True)
         y64 = reference.bias_gelu(x64, b64)
         (dx64,) = torch.autograd.grad(y64, x64, g[s].double())
-        _check(y[s], y64.detach(), F.gelu(x[s] + bias), 2.0, f"bias_gelu forward rows {s}")
+        check_close(f"bias_gelu forward rows {s}", y[s], y64.detach(), eager=F.gelu(x[s] + bias))
         eager_dx = torch.ops.aten.gelu_backward(g[s], x[s] + bias)
-        _check(dx[s], dx64, eager_dx, 3.0, f"bias_gelu grad_x rows {s}")
+        check_close(f"bias_gelu grad_x rows {s}", dx[s], dx64, eager=eager_dx, factor=3.0)
     # grad_bias over all rows, in float64 chunk by chunk, bounded by the terms' absolute sum.
     want = torch.zeros(cols, dtype=torch.float64, device="cuda")
     abs_sum = torch.zeros_like(want)
