@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fastops
 from fastops import reference
@@ -154,6 +155,23 @@ def test_rejects_bad_eps(eps: float) -> None:
         fastops.clipped_log(torch.ones(3), eps)
     with pytest.raises(RuntimeError, match=r"fastops\.clipped_log: expected eps"):
         torch.ops.fastops.clipped_log(torch.ones(3), eps, True)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "eps"),
+    [(torch.float32, 1e39), (torch.bfloat16, 1e39), (torch.float32, 1e-46), (torch.float16, 1e-46)],
+    ids=["fp32-overflow", "bf16-overflow", "fp32-underflow", "fp16-underflow"],
+)
+def test_rejects_eps_outside_the_compute_type(dtype: torch.dtype, eps: float) -> None:
+    """eps is held in float32 for fp32/fp16/bf16 input: 1e39 would be +inf (every output +inf) and
+    1e-46 would be 0 (log 0 = -inf). float64 input holds it in float64, where both are fine."""
+    x = torch.rand(5, dtype=dtype)
+    with pytest.raises(ValueError, match=r"fastops\.clipped_log: eps=.* does not fit torch\.float32"):
+        fastops.clipped_log(x, eps)
+    with FakeTensorMode() as mode, pytest.raises(ValueError, match=r"eps=.* does not fit torch\.float32"):
+        torch.ops.fastops.clipped_log(mode.from_tensor(x), eps, True)  # the fake kernel: same validator
+    x64 = torch.rand(5, dtype=torch.float64)
+    torch.testing.assert_close(fastops.clipped_log(x64, eps), torch.log(torch.clamp(x64, min=eps)))
 
 
 def test_rejects_non_tensor_and_non_number() -> None:

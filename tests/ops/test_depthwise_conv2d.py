@@ -294,6 +294,18 @@ def test_clear_errors() -> None:
     w = torch.randn(4, 1, 3, 3)
     with pytest.raises(ValueError, match=r"expected weight of shape \(C, 1, kh, kw\)"):
         fastops.depthwise_conv2d(x, torch.randn(4, 3, 3))
+    # a zero-size kernel is named as such, not as the negative padding "same" would compute for it
+    for padding in ("same", 0):
+        with pytest.raises(
+            ValueError, match=r"expected a kernel of at least 1 x 1, got weight of shape \(4, 1, 0, 3\)"
+        ):
+            fastops.depthwise_conv2d(x, torch.randn(4, 1, 0, 3), padding=padding)
+        with pytest.raises(
+            ValueError, match=r"depthwise_separable_conv2d: expected a kernel of at least 1 x 1"
+        ):
+            fastops.depthwise_separable_conv2d(
+                x, torch.randn(4, 1, 3, 0), None, torch.randn(6, 4, 1, 1), padding=padding
+            )
     with pytest.raises(ValueError, match=r"channel multiplier"):
         fastops.depthwise_conv2d(x, torch.randn(8, 1, 3, 3))
     with pytest.raises(ValueError, match=r"expected weight\.size\(0\) == channels of x \(4\)"):
