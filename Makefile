@@ -1,6 +1,7 @@
 # fastops developer commands. Each target uses the active virtualenv when one is active
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
+#   make test-avx2   the CPU op tests again as an AVX2-only x86-64 CPU runs them (AVX2 build, ATen and oneDNN capped)
 #   make bench       run every benchmarks/bench_*.py on this machine, results into benchmarks/results/
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
@@ -19,7 +20,7 @@ PY := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env install test bench demo lint format cuda-check clean
+.PHONY: env install test test-avx2 bench demo lint format cuda-check clean
 
 .venv/.installed: requirements-dev.txt
 	$(PYTHON) -m venv .venv
@@ -33,6 +34,22 @@ install: env
 
 test: install
 	$(PY) -m pytest tests -q
+
+# tests/ops as an x86-64 CPU without AVX-512 runs them, so an AVX-512 machine sees what it would see:
+# fastops' AVX2 build (JIT, cached apart from the default build), ATen's AVX2 kernels, and oneDNN
+# capped at AVX2 (which moves eager bf16 convs, the tests' yardstick, off oneDNN). Inductor gets a
+# cache of its own: its FX-graph cache is not keyed on the ATen capability, and an AVX-512 entry
+# reused under ATEN_CPU_CAPABILITY=avx2 fails. The first command checks that all of it took effect.
+AVX2_ENV := FASTOPS_JIT=1 FASTOPS_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/build/torchinductor-avx2 PYTHONPATH=$(CURDIR)
+
+test-avx2: env
+	@if ! grep -qw avx2 /proc/cpuinfo 2>/dev/null; then echo "test-avx2: no AVX2 on this CPU, skipped"; exit 0; fi; \
+	set -e; \
+	$(AVX2_ENV) $(PY) -c "import torch, fastops._extension as ext; \
+	  got = (torch.backends.cpu.get_cpu_capability(), ext.load().cpu_capability, torch.ops.mkldnn._is_mkldnn_bf16_supported()); \
+	  print('test-avx2: ATen %s, fastops %s, oneDNN bf16 %s' % got); assert got == ('AVX2', 'avx2', False), got"; \
+	$(AVX2_ENV) $(PY) -m pytest tests/ops -q
 
 # Every benchmarks/bench_*.py, no hand-kept list: a new op's benchmark runs as soon as it exists.
 bench: install

@@ -95,12 +95,15 @@ def assert_close_to_reference(
     factor: float = 2.0,
     rtol: float | None = None,
     atol: float | None = None,
+    floor: torch.Tensor | None = None,
 ) -> None:
     """actual (any dtype) against a float64 reference.
 
     fp32/fp64: |actual - ref| <= atol + rtol * |ref| (defaults: assert_close's for the dtype).
     fp16/bf16 with `eager` given: the 2x rule, elementwise with a per-tensor slack —
-    |actual - ref| <= factor * max(|eager - ref|, ulp(dtype) * |ref|) + tiny absolute floor.
+    |actual - ref| <= factor * max(|eager - ref|, ulp(dtype) * |ref|) + tiny absolute floor, and never
+    below `floor` (elementwise) when given, e.g. factor x the error of a correctly rounded
+    computation where eager's own error is luckier than that at some elements.
     Non-finite values must match exactly (NaN where NaN, same infinities).
     """
     assert actual.shape == reference64.shape, f"shape {tuple(actual.shape)} != {tuple(reference64.shape)}"
@@ -119,6 +122,8 @@ def assert_close_to_reference(
         eager_err = torch.nan_to_num((e - r).abs(), nan=float("inf"), posinf=float("inf"))
         ulp = ulp_floor(actual.dtype)
         bound = factor * torch.maximum(eager_err, ulp * r.abs()) + 1e-6
+        if floor is not None:
+            bound = torch.maximum(bound, floor.detach().double().cpu())
     else:
         default_rtol, default_atol = {
             torch.float64: (1e-7, 1e-7),

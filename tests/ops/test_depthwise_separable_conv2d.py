@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import zlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,7 +39,8 @@ def _ids(case: tuple) -> str:
 def _inputs(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bool = True):
     n, c, co, h, w, k, _, _, _ = case
     kh, kw = (k, k) if isinstance(k, int) else k
-    gen = torch.Generator().manual_seed(abs(hash(case)) % 2**31)
+    # crc32, not hash(): a str in the case ("same") hashes differently in every process.
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
     x = torch.randn(n, c, h, w, generator=gen, dtype=torch.float64)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -57,6 +61,28 @@ def _forward_backward(fn, inputs, args, g=None):  # noqa: ANN001, ANN202
     return y.detach(), list(grads), g
 
 
+class _StoredAs(torch.autograd.Function):
+    """Identity that rounds its value (forward) and its gradient (backward) to `dtype`: a tensor
+    that the computation keeps in `dtype` in memory."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
+        ctx.dtype = dtype
+        return t.to(dtype).to(t.dtype)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+        return g.to(ctx.dtype).to(g.dtype), None
+
+
+def _correctly_rounded(x, dw, db, pw, pb, stride, padding, dilation, *, dtype):  # noqa: ANN001, ANN202
+    """The reference on float64 inputs, exact except that the depthwise output z and its gradient
+    are rounded to `dtype` (as the op's contract and eager's unfused pair keep them): round its
+    results to `dtype` and they are what a correctly rounded computation in `dtype` returns."""
+    z = _StoredAs.apply(reference.depthwise_conv2d(x, dw, db, stride, padding, dilation), dtype)
+    return F.conv2d(z, pw, pb)
+
+
 def _check(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bool = True) -> None:
     args = case[6], case[8], case[7]  # stride, padding, dilation
     inputs = _inputs(case, dtype, bias, channels_last)
@@ -65,26 +91,41 @@ def _check(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: bo
     y64, grads64, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs64, args, g.double())
     assert y.dtype == dtype and y.shape == y64.shape
     assert y.is_contiguous(memory_format=torch.channels_last)
-    eager_y, eager_grads = None, [None] * len(grads)
-    if dtype == torch.bfloat16:
-        eager_y, eager_grads, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs, args, g)
     names = [
         n
         for n, t in zip(("grad_x", "grad_dw", "grad_db", "grad_pw", "grad_pb"), inputs, strict=True)
         if t is not None
     ]
+    eager_y, eager_grads = None, [None] * len(grads)
+    rounded_y, rounded_grads = None, [None] * len(grads)
+    if dtype == torch.bfloat16:
+        eager_y, eager_grads, _ = _forward_backward(reference.depthwise_separable_conv2d, inputs, args, g)
+        # The rule compares with eager elementwise, and eager's error at an element depends on its
+        # path: oneDNN's bf16 convs (AVX512) are correctly rounded; ATen's fallback (AVX2-only CPUs)
+        # rounds the depthwise backward more often, is worse on average, yet at some elements lands
+        # closer than any correctly rounded result. So the bound never goes below `factor` times the
+        # error of a correctly rounded computation (what eager returns on the oneDNN path).
+        fn = functools.partial(_correctly_rounded, dtype=dtype)
+        rounded_y, rounded_grads, _ = _forward_backward(fn, inputs64, args, g.double())
     # fp32: the 1x1 weight gradient sums N*OH*OW products (2600 in the largest case); allow for it.
     tol_out = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {}
     tol_grad = {"rtol": 1e-4, "atol": 5e-4} if dtype == torch.float32 else {}
-    for name, ours, ref, eager in zip(
-        ["output", *names], [y, *grads], [y64, *grads64], [eager_y, *eager_grads], strict=True
+    for name, ours, ref, eager, rounded in zip(
+        ["output", *names],
+        [y, *grads],
+        [y64, *grads64],
+        [eager_y, *eager_grads],
+        [rounded_y, *rounded_grads],
+        strict=True,
     ):
+        factor = 2.0 if name == "output" else 3.0
         try:
             assert_close_to_reference(
                 ours,
                 ref,
                 eager=eager,
-                factor=2.0 if name == "output" else 3.0,
+                factor=factor,
+                floor=None if rounded is None else factor * (rounded.to(dtype).double() - ref).abs(),
                 **(tol_out if name == "output" else tol_grad),
             )
         except AssertionError as e:
