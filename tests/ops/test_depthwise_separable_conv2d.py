@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import zlib
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 import fastops
 from fastops import reference
 from tests.helpers import assert_close_to_reference
+from tests.ops.contract import ContractTests, OpSpec, Sample
 
 # (N, C, Cout, H, W, k, stride, dilation, padding)
 CASES = [
@@ -152,65 +154,58 @@ def test_no_bias_and_contiguous_input() -> None:
     _check(CASES[2], torch.float64, channels_last=False)  # converted to channels_last inside
 
 
-def test_gradcheck() -> None:
+# ---- the contract kit: opcheck, gradcheck, torch.compile, autocast ---------------------------------
+# (the reference comparison stays above: its bf16 bound needs the correctly rounded floor)
+
+
+def _sample(case: tuple, dtype: torch.dtype, requires_grad: bool, bias: bool = True) -> Sample:
+    inputs = [t.requires_grad_(requires_grad) if t is not None else None for t in _inputs(case, dtype, bias)]
+    _, _, _, _, _, _, stride, dilation, padding = case
+    return Sample((*inputs, stride, padding, dilation), id=_ids(case) + ("" if bias else "-nobias"))
+
+
+def separable_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
     for stride, padding in ((1, 1), (2, 0)):
-        x = torch.randn(2, 3, 6, 7, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
-        x.requires_grad_(True)
-        dw = torch.randn(3, 1, 3, 3, dtype=torch.float64, requires_grad=True)
-        db = torch.randn(3, dtype=torch.float64, requires_grad=True)
-        pw = torch.randn(5, 3, 1, 1, dtype=torch.float64, requires_grad=True)
-        pb = torch.randn(5, dtype=torch.float64, requires_grad=True)
-
-        def fn(*t: torch.Tensor) -> torch.Tensor:
-            return fastops.depthwise_separable_conv2d(*t, stride, padding)  # noqa: B023
-
-        assert torch.autograd.gradcheck(fn, (x, dw, db, pw, pb))
+        yield _sample((2, 3, 5, 6, 7, 3, stride, 1, padding), dtype, requires_grad)
 
 
-def test_opcheck() -> None:
-    for dtype in (torch.float32, torch.bfloat16):
-        x = (
-            torch.randn(2, 5, 9, 8, dtype=dtype)
-            .contiguous(memory_format=torch.channels_last)
-            .requires_grad_(True)
-        )
-        dw = torch.randn(5, 1, 3, 3, dtype=dtype, requires_grad=True)
-        db = torch.randn(5, dtype=dtype, requires_grad=True)
-        pw = torch.randn(7, 5, 1, 1, dtype=dtype, requires_grad=True)
-        pb = torch.randn(7, dtype=dtype, requires_grad=True)
-        args = ([2, 1], [1, 1, 0, 2], [1, 2])
-        op = torch.ops.fastops.depthwise_separable_conv2d.default
-        torch.library.opcheck(op, (x, dw, db, pw, pb, *args))
-        torch.library.opcheck(op, (x, dw, None, pw, None, *args))
+def separable_compile(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    yield _sample((2, 6, 10, 11, 10, 3, 2, 1, 1), dtype, requires_grad)
 
 
-def test_torch_compile_fullgraph() -> None:
-    def f(*t: torch.Tensor) -> torch.Tensor:
-        return (fastops.depthwise_separable_conv2d(*t, 2, 1).relu() * 2).sum()
-
-    compiled = torch.compile(f, fullgraph=True, dynamic=False)
-    inputs = _inputs((2, 6, 10, 11, 10, 3, 2, 1, 1), torch.float32)
-    leaves = [t.requires_grad_(True) for t in inputs]
-    out = compiled(*leaves)
-    got = torch.autograd.grad(out, leaves)
-    ref = f(*leaves)
-    want = torch.autograd.grad(ref, leaves)
-    torch.testing.assert_close(out, ref)
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a, b)
-
-
-def test_autocast_runs_in_autocast_dtype() -> None:
-    x, dw, db, pw, pb = (
-        t.float().requires_grad_(True) for t in _inputs((2, 8, 12, 10, 10, 3, 1, 1, 1), torch.float64)
+def separable_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
+    x = (
+        torch.randn(2, 5, 9, 8, dtype=dtype)
+        .contiguous(memory_format=torch.channels_last)
+        .requires_grad_(True)
     )
-    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-        y = fastops.depthwise_separable_conv2d(x, dw, db, pw, pb, 1, 1)
-        ref = F.conv2d(F.conv2d(x, dw, db, 1, 1, 1, 8), pw, pb)
-    assert y.dtype == ref.dtype == torch.bfloat16
-    torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2)
-    y.float().sum().backward()
-    assert all(t.grad.dtype == torch.float32 for t in (x, dw, db, pw, pb))
+    dw = torch.randn(5, 1, 3, 3, dtype=dtype, requires_grad=True)
+    db = torch.randn(5, dtype=dtype, requires_grad=True)
+    pw = torch.randn(7, 5, 1, 1, dtype=dtype, requires_grad=True)
+    pb = torch.randn(7, dtype=dtype, requires_grad=True)
+    args = ([2, 1], [1, 1, 0, 2], [1, 2])
+    op = torch.ops.fastops.depthwise_separable_conv2d.default
+    yield op, (x, dw, db, pw, pb, *args)
+    yield op, (x, dw, None, pw, None, *args)
+
+
+DEPTHWISE_SEPARABLE_CONV2D = OpSpec(
+    name="depthwise_separable_conv2d",
+    op=fastops.depthwise_separable_conv2d,
+    reference=reference.depthwise_separable_conv2d,
+    sample_inputs=lambda device, dtype, requires_grad: iter(()),  # the reference check is _check above
+    small_inputs=separable_small,
+    compile_inputs=separable_compile,
+    opcheck_inputs=separable_opcheck,
+    devices=("cpu",),  # no CUDA kernel
+    autocast="autocast",
+    output_format="channels_last",
+    checks=("opcheck", "gradcheck", "compile", "autocast"),
+)
+
+
+class TestDepthwiseSeparableConv2dContract(ContractTests):
+    spec = DEPTHWISE_SEPARABLE_CONV2D
 
 
 def test_clear_errors() -> None:
@@ -243,42 +238,3 @@ def test_clear_errors() -> None:
         op(x, dw, db, pw, pb[:3], [1, 1], [1, 1, 1, 1], [1, 1])
     with pytest.raises(RuntimeError, match=r"is smaller than the dilated kernel"):
         op(x, dw, db, pw, pb, [1, 1], [0, 0, 0, 0], [7, 7])
-
-
-def test_module_runs_fused_for_channels_last_inference(monkeypatch: pytest.MonkeyPatch) -> None:
-    import fastops.nn.depthwise_separable_conv2d as mod
-
-    calls = []
-    fused = mod.depthwise_separable_conv2d
-    monkeypatch.setattr(mod, "depthwise_separable_conv2d", lambda *a: calls.append(1) or fused(*a))
-    seq = torch.nn.Sequential(
-        torch.nn.Conv2d(16, 16, 3, stride=2, padding=1, groups=16), torch.nn.Conv2d(16, 24, 1)
-    )
-    ours = fastops.nn.DepthwiseSeparableConv2d.from_torch(seq)
-    fresh = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, stride=2, padding=1)
-    assert fresh.state_dict().keys() == ours.state_dict().keys()  # keys unchanged by the fused path
-    fresh.load_state_dict(seq.state_dict())
-    x = torch.randn(2, 16, 11, 10).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        want = seq(x)
-        for m in (ours, fresh):
-            y = m(x)
-            torch.testing.assert_close(y, want)
-            assert y.is_contiguous(memory_format=torch.channels_last)
-        assert len(calls) == 2
-        ours(x.contiguous())  # NCHW: the unfused pair
-        handle = ours.pointwise.register_forward_hook(lambda *a: None)
-        ours(x)  # a hook on the 1x1 must still run: unfused
-        handle.remove()
-        assert len(calls) == 2
-        ours(x)
-        assert len(calls) == 3
-    # Recording autograd: the unfused pair (the fused backward's recompute is slower), same results.
-    xg = x.clone().requires_grad_(True)
-    y, y_ref = ours(xg), seq(xg)
-    assert len(calls) == 3
-    torch.testing.assert_close(y, y_ref)
-    got = torch.autograd.grad(y.square().sum(), [xg, *ours.parameters()])
-    want_g = torch.autograd.grad(y_ref.square().sum(), [xg, *seq.parameters()])
-    for a, b in zip(got, want_g, strict=True):
-        torch.testing.assert_close(a, b)
