@@ -26,13 +26,10 @@
 // dgrad reads g and writes dx; wgrad reads x and g. FLOPs: 2 * N*C*OH*OW*kh*kw each.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fastops/checks.h>
 #include <fastops/cpu_loops.h>
 #include <fastops/depthwise.h>
@@ -694,26 +691,6 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
   return {dw, db};
 }
 
-// Autocast: conv2d's policy, the op runs in the autocast dtype (bf16 on the CPU by default, fp16 on
-// CUDA). Registered here for both devices: the Autocast keys exist in every build, and the .cu files
-// stay free of ATen/autocast_mode.h.
-at::Tensor depthwise_conv2d_autocast(const at::Tensor& x, const at::Tensor& weight,
-                                     const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                                     at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const c10::DeviceType device_type = x.device().type();
-  const c10::DispatchKey key =
-      device_type == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device_type);
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::depthwise_conv2d", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-                                         at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
-  return op.call(at::autocast::cached_cast(dtype, x, device_type),
-                 at::autocast::cached_cast(dtype, weight, device_type),
-                 at::autocast::cached_cast(dtype, bias, device_type), stride, padding, dilation);
-}
-
 }  // namespace
 }  // namespace fastops::cpu
 
@@ -722,7 +699,3 @@ TORCH_LIBRARY_IMPL(fastops, CPU, m) {
   m.impl("depthwise_conv2d_backward_input", &fastops::cpu::depthwise_conv2d_backward_input);
   m.impl("depthwise_conv2d_backward_weight", &fastops::cpu::depthwise_conv2d_backward_weight);
 }
-
-TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) { m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d_autocast); }
-
-TORCH_LIBRARY_IMPL(fastops, AutocastCUDA, m) { m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d_autocast); }

@@ -18,11 +18,8 @@
 // writes and reads z (2 * N*OH*OW*C * itemsize). FLOPs: 2*N*OH*OW*C*(kh*kw + Cout).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fastops/checks.h>
 #include <fastops/depthwise.h>
 #include <fastops/depthwise_nhwc_cpu.h>
@@ -206,32 +203,7 @@ at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& 
   return y;
 }
 
-// Autocast: conv2d's policy, the op runs in the autocast dtype (as depthwise_conv2d does).
-at::Tensor depthwise_separable_conv2d_autocast(const at::Tensor& x, const at::Tensor& dw_weight,
-                                               const std::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-                                               const std::optional<at::Tensor>& pw_bias, at::IntArrayRef stride,
-                                               at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const c10::DeviceType device_type = x.device().type();
-  const c10::DispatchKey key =
-      device_type == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device_type);
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fastops::depthwise_separable_conv2d", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
-  auto cast = [&](const std::optional<at::Tensor>& t) { return at::autocast::cached_cast(dtype, t, device_type); };
-  return op.call(at::autocast::cached_cast(dtype, x, device_type),
-                 at::autocast::cached_cast(dtype, dw_weight, device_type), cast(dw_bias),
-                 at::autocast::cached_cast(dtype, pw_weight, device_type), cast(pw_bias), stride, padding, dilation);
-}
-
 }  // namespace
 }  // namespace fastops::cpu
 
 TORCH_LIBRARY_IMPL(fastops, CPU, m) { m.impl("depthwise_separable_conv2d", &fastops::cpu::depthwise_separable_conv2d); }
-
-TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
-  m.impl("depthwise_separable_conv2d", &fastops::cpu::depthwise_separable_conv2d_autocast);
-}
