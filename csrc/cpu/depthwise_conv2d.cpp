@@ -31,7 +31,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <fastops/checks.h>
-#include <fastops/cpu_loops.h>
+#include <fastops/cpu_reduce.h>
+#include <fastops/cpu_vec_math.h>
 #include <fastops/depthwise.h>
 #include <fastops/depthwise_nhwc_cpu.h>
 #include <torch/library.h>
@@ -134,7 +135,7 @@ PhaseLayout input_phases(const DepthwiseGeometry& g, int64_t vec, std::vector<in
 template <typename T>
 void forward_nchw(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc, at::Tensor& y,
                   const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   constexpr int64_t L = at::vec::Vectorized<A>::size();
   const int64_t taps = g.taps();
   std::vector<int64_t> tap_off;
@@ -162,7 +163,7 @@ void forward_nchw(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor&
 
 template <typename T>
 void backward_input_nchw(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx, const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   constexpr int64_t L = at::vec::Vectorized<A>::size();
   // dx in phase space: padded row R = ih + pt = row * sh + phr. A tap (kh, kw) reaches phase
   // (phr, phc) = ((kh*dh) % sh, (kw*dw) % sw) and there reads g[row - (kh*dh)/sh, col - (kw*dw)/sw].
@@ -226,16 +227,11 @@ void backward_input_nchw(const at::Tensor& go, const at::Tensor& wacc, at::Tenso
   });
 }
 
-template <typename A>
-inline A reduce_sum(const at::vec::Vectorized<A>& v) {
-  return at::vec::vec_reduce_all<A>([](const auto& a, const auto& b) { return a + b; }, v);
-}
-
 // Weight and bias gradient, NCHW: per (n, c) plane the partial sums ws[plane][taps + 1] (the last
 // slot is the bias), then a fixed-order sum over n.
 template <typename T>
 void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor& ws, const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int64_t L = V::size();
   constexpr int64_t G = 8;  // taps per group: 8 accumulators + 1 grad vector stay in registers
@@ -268,12 +264,12 @@ void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor&
             }
           }
         }
-        for (int64_t j = 0; j < nt; ++j) out[t0 + j] = reduce_sum<A>(acc[j]);
+        for (int64_t j = 0; j < nt; ++j) out[t0 + j] = horizontal_sum<A>(acc[j]);
       }
       V bacc(A(0));
       const int64_t n = g.OH * g.OW;
       for (int64_t i = 0; i < n; i += L) bacc = bacc + V::loadu(gb.data() + i, std::min(L, n - i));
-      out[taps] = reduce_sum<A>(bacc);
+      out[taps] = horizontal_sum<A>(bacc);
     }
   });
 }
@@ -286,7 +282,7 @@ void backward_weight_nchw(const at::Tensor& go, const at::Tensor& x, at::Tensor&
 template <typename T>
 void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& bt, at::Tensor& y,
                   const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const A* bp = bt.defined() ? bt.const_data_ptr<A>() : nullptr;
@@ -301,7 +297,7 @@ void forward_nhwc(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& b
 
 template <typename T>
 void backward_input_nhwc(const at::Tensor& go, const at::Tensor& wt, at::Tensor& dx, const DepthwiseGeometry& g) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   const int64_t Cp = wt.size(1);
   const T* gp = go.const_data_ptr<T>();
   T* dxp = dx.data_ptr<T>();
@@ -444,12 +440,12 @@ int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
 
 // acc[j] += g[o] * x[o * xstep + j * tstep] over n output columns, NK taps in registers.
 template <typename T, int NK, typename Load>
-inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep, int64_t tstep,
-                           const Load& load) {
-  AVec<T> a[NK];
+inline void wgrad_interior(OpmathVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep,
+                           int64_t tstep, const Load& load) {
+  OpmathVec<T> a[NK];
   static_for<NK>([&](auto j) { a[j] = acc[j]; });
   for (int64_t o = 0; o < n; ++o) {
-    const AVec<T> gv = load(g + o * gstep);
+    const OpmathVec<T> gv = load(g + o * gstep);
     const T* xo = x + o * xstep;
     static_for<NK>([&](auto j) { a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]); });
   }
@@ -460,18 +456,18 @@ inline void wgrad_interior(AVec<T>* acc, const T* g, const T* x, int64_t n, int6
 // vector u = j*S + k feeds tap k of column j, so 3*S + NK loads serve 4*NK FMAs. Each acc[k] still
 // adds its terms in increasing output column, so the result is bitwise that of wgrad_interior.
 template <typename T, int NK, int S, typename Load>
-inline void wgrad_interior_reuse(AVec<T>* acc, const T* g, const T* x, int64_t n, int64_t C, const Load& load) {
+inline void wgrad_interior_reuse(OpmathVec<T>* acc, const T* g, const T* x, int64_t n, int64_t C, const Load& load) {
   constexpr int P = 4;
   constexpr int U = S * (P - 1) + NK;
-  AVec<T> a[NK];
+  OpmathVec<T> a[NK];
   static_for<NK>([&](auto k) { a[k] = acc[k]; });
   int64_t o = 0;
   for (; o + P <= n; o += P) {
-    AVec<T> gv[P];
+    OpmathVec<T> gv[P];
     static_for<P>([&](auto j) { gv[j] = load(g + (o + j) * C); });
     const T* xo = x + o * S * C;
     static_for<U>([&](auto u) {
-      const AVec<T> xv = load(xo + u * C);
+      const OpmathVec<T> xv = load(xo + u * C);
       static_for<P>([&](auto j) {
         constexpr int k = decltype(u)::value - decltype(j)::value * S;
         if constexpr (k >= 0 && k < NK) a[k] = at::vec::fmadd(gv[j], xv, a[k]);
@@ -479,7 +475,7 @@ inline void wgrad_interior_reuse(AVec<T>* acc, const T* g, const T* x, int64_t n
     });
   }
   for (; o < n; ++o) {
-    const AVec<T> gv = load(g + o * C);
+    const OpmathVec<T> gv = load(g + o * C);
     const T* xo = x + o * S * C;
     static_for<NK>([&](auto k) { a[k] = at::vec::fmadd(gv, load(xo + k * C), a[k]); });
   }
@@ -489,7 +485,7 @@ inline void wgrad_interior_reuse(AVec<T>* acc, const T* g, const T* x, int64_t n
 template <typename T>
 void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor& ws, const DepthwiseGeometry& g,
                           int64_t rows_per_item) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int64_t L = V::size();
   constexpr int64_t G = 8;
@@ -506,7 +502,7 @@ void backward_weight_nhwc(const at::Tensor& go, const at::Tensor& x, at::Tensor&
       A* out = wsp + item * (taps + 1) * Cp;
       for (int64_t c = 0; c < g.C; c += L) {
         const int64_t cnt = std::min(L, g.C - c);
-        auto load = [&](const T* ptr) { return cnt == L ? load_acc<T>(ptr) : load_acc<T>(ptr, cnt); };
+        auto load = [&](const T* ptr) { return cnt == L ? load_opmath<T>(ptr) : load_opmath<T>(ptr, cnt); };
         for (int64_t kh = 0; kh < g.KH; ++kh) {
           for (int64_t k0 = 0; k0 < g.KW; k0 += G) {
             const int64_t nk = std::min(G, g.KW - k0);
@@ -597,8 +593,8 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
   at::Tensor y = at::empty({g.N, g.C, g.OH, g.OW}, x.options().memory_format(fmt));
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_depthwise_conv2d_cpu", [&] {
-    const auto acc = c10::CppTypeToScalarType<acc_t<scalar_t>>::value;
-    constexpr int64_t L = acc_vec_size<scalar_t>();
+    const auto acc = c10::CppTypeToScalarType<opmath_t<scalar_t>>::value;
+    constexpr int64_t L = opmath_vec_size<scalar_t>();
     const at::Tensor w = weights_acc(weight, acc, cl, L);
     const at::Tensor b = bias_acc(bias, acc, L);
     if (cl) {
@@ -621,8 +617,8 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
   if (dx.numel() == 0) return dx;
   if (go.numel() == 0) return dx.zero_();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, go.scalar_type(), "fastops_depthwise_dgrad_cpu", [&] {
-    const auto acc = c10::CppTypeToScalarType<acc_t<scalar_t>>::value;
-    const at::Tensor w = weights_acc(weight, acc, channels_last, acc_vec_size<scalar_t>());
+    const auto acc = c10::CppTypeToScalarType<opmath_t<scalar_t>>::value;
+    const at::Tensor w = weights_acc(weight, acc, channels_last, opmath_vec_size<scalar_t>());
     if (channels_last) {
       backward_input_nhwc<scalar_t>(go, w, dx, g);
     } else {
@@ -648,46 +644,25 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
     db.zero_();
     return {dw, db};
   }
+  // Partial sums, added over dim 0 in order: NHWC (items, taps + 1, Cp), NCHW (N, C, taps + 1).
+  at::Tensor ws;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_depthwise_wgrad_cpu", [&] {
-    using A = acc_t<scalar_t>;
-    const auto acc = c10::CppTypeToScalarType<A>::value;
-    constexpr int64_t L = acc_vec_size<scalar_t>();
-    // Partial sums: (slots, taps + 1, C) with slot-major order; summed over slots in order below.
-    at::Tensor ws;
-    int64_t slots, cstride;
+    const auto acc = c10::CppTypeToScalarType<opmath_t<scalar_t>>::value;
+    constexpr int64_t L = opmath_vec_size<scalar_t>();
     if (cl) {
       const int64_t rows = wgrad_rows_per_item(g);
-      slots = div_up(g.N * g.OH, rows);
-      cstride = round_up(g.C, L);
-      ws = at::empty({slots, taps + 1, cstride}, x.options().dtype(acc));
+      ws = at::empty({div_up(g.N * g.OH, rows), taps + 1, round_up(g.C, L)}, x.options().dtype(acc));
       backward_weight_nhwc<scalar_t>(go, x, ws, g, rows);
     } else {
-      slots = g.N;
-      cstride = 1;
-      ws = at::empty({g.N * g.C, taps + 1}, x.options().dtype(acc));
+      ws = at::empty({g.N, g.C, taps + 1}, x.options().dtype(acc));
       backward_weight_nchw<scalar_t>(go, x, ws, g);
     }
-    const A* wsp = ws.const_data_ptr<A>();
-    scalar_t* dwp = dw.data_ptr<scalar_t>();
-    scalar_t* dbp = db.data_ptr<scalar_t>();
-    // Element (slot, k, c) of the workspace: NHWC (slot * (taps+1) + k) * Cp + c; NCHW
-    // ((slot * C + c) * (taps + 1) + k).
-    at::parallel_for(0, g.C, 16, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        for (int64_t k = 0; k <= taps; ++k) {
-          A s = 0;
-          for (int64_t i = 0; i < slots; ++i) {
-            s += cl ? wsp[(i * (taps + 1) + k) * cstride + c] : wsp[(i * g.C + c) * (taps + 1) + k];
-          }
-          if (k < taps) {
-            dwp[c * taps + k] = static_cast<scalar_t>(s);
-          } else {
-            dbp[c] = static_cast<scalar_t>(s);
-          }
-        }
-      }
-    });
   });
+  const at::Tensor sums = sum_rows_in_order(ws);
+  // (C, taps + 1): each channel's tap sums, then its bias sum. NHWC sums are (taps + 1, Cp).
+  const at::Tensor per_channel = cl ? sums.narrow(1, 0, g.C).t() : sums;
+  dw.view({g.C, taps}).copy_(per_channel.narrow(1, 0, taps));
+  db.copy_(per_channel.select(1, taps));
   return {dw, db};
 }
 

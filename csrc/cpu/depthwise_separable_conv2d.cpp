@@ -21,6 +21,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <fastops/checks.h>
+#include <fastops/cpu_vec_math.h>
 #include <fastops/depthwise.h>
 #include <fastops/depthwise_nhwc_cpu.h>
 #include <torch/library.h>
@@ -134,7 +135,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::o
 template <typename T>
 void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, const at::Tensor& pwt,
              const at::Tensor& pwb, at::Tensor& y, const DepthwiseGeometry& g, int64_t Cout) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   const int64_t C = g.C, Coutp = pwt.size(1);
   // Tile: P consecutive output pixels in (n, oh, ow) order (a multiple of 8, spanning rows where they
   // are short, so 7x7 and 14x14 maps still feed the 1x1 full register blocks), P * C depthwise values
@@ -188,9 +189,9 @@ at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& 
   at::Tensor y = at::empty({g.N, Cout, g.OH, g.OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_dwpw_conv2d_cpu", [&] {
-    using A = acc_t<scalar_t>;
+    using A = opmath_t<scalar_t>;
     const auto acc = c10::CppTypeToScalarType<A>::value;
-    constexpr int64_t L = acc_vec_size<scalar_t>();
+    constexpr int64_t L = opmath_vec_size<scalar_t>();
     const at::Tensor dwt = weights_acc(dw_weight, acc, /*transposed=*/true, L);
     const at::Tensor dwb = bias_acc(dw_bias, acc, L);
     // Pointwise weight as (C, Cout_p) in the accumulation type, output channels zero-padded to vectors

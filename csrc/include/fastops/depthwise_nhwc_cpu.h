@@ -6,7 +6,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/zeros.h>
-#include <fastops/cpu_loops.h>
+#include <fastops/cpu_vec_math.h>
 #include <fastops/depthwise.h>
 
 #include <algorithm>
@@ -18,80 +18,13 @@
 
 namespace fastops::cpu {
 
-inline int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
-inline int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
-
-// ---- vector load/store in the accumulation type ----------------------------------------------
-
-template <typename T>
-using acc_t = opmath_t<T>;
-
-// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
-// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
-template <int N, typename F>
-inline void static_for(F&& f) {
-  [&]<int... I>(std::integer_sequence<int, I...>) {
-    (f(std::integral_constant<int, I>{}), ...);
-  }(std::make_integer_sequence<int, N>{});
-}
-template <typename T>
-using AVec = at::vec::Vectorized<acc_t<T>>;
-
-template <typename T>
-inline AVec<T> load_acc(const T* p) {
-  if constexpr (is_reduced_float_v<T>) {
-    at::vec::Vectorized<float> v;
-    at::vec::load_to_float<T>(p, v);
-    return v;
-  } else {
-    return AVec<T>::loadu(p);
-  }
-}
-
-template <typename T>
-inline AVec<T> load_acc(const T* p, int64_t count) {
-  if constexpr (is_reduced_float_v<T>) {
-    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
-    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
-  } else {
-    return AVec<T>::loadu(p, count);
-  }
-}
-
-template <typename T>
-inline void store_acc(T* p, const AVec<T>& v, int64_t count) {
-  if constexpr (is_reduced_float_v<T>) {
-    constexpr int64_t n = at::vec::Vectorized<float>::size();
-    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
-  } else {
-    v.store(p, count);
-  }
-}
-
-// Converts n elements of T to A (the accumulation type), vectorized.
-template <typename T, typename A>
-inline void convert_row(A* dst, const T* src, int64_t n) {
-  using V = at::vec::Vectorized<A>;
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) load_acc<T>(src + i).store(dst + i);
-  for (; i < n; ++i) dst[i] = static_cast<A>(src[i]);
-}
-
-template <typename T, typename A>
-inline void store_row(T* dst, const A* src, int64_t n) {
-  using V = at::vec::Vectorized<A>;
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) store_acc<T>(dst + i, V::loadu(src + i), V::size());
-  for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-}
-
 // ---- NHWC ------------------------------------------------------------------------------------------
 
 // out[c] = init[c] + sum_t w[tap[t]][c] * base[off[t] + c] for c in [0, C); w is [taps][Cp] in A.
 template <typename T>
-inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const acc_t<T>* w,
-                       int64_t Cp, const acc_t<T>* init, int64_t C) {
-  using A = acc_t<T>;
+inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const opmath_t<T>* w,
+                       int64_t Cp, const opmath_t<T>* init, int64_t C) {
+  using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int64_t L = V::size();
   int64_t c = 0;
@@ -106,28 +39,28 @@ inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t*
     for (int64_t t = 0; t < nt; ++t) {
       const T* s = base + off[t] + c;
       const A* wt = w + tap[t] * Cp + c;
-      a0 = at::vec::fmadd(load_acc<T>(s), V::loadu(wt), a0);
-      a1 = at::vec::fmadd(load_acc<T>(s + L), V::loadu(wt + L), a1);
-      a2 = at::vec::fmadd(load_acc<T>(s + 2 * L), V::loadu(wt + 2 * L), a2);
-      a3 = at::vec::fmadd(load_acc<T>(s + 3 * L), V::loadu(wt + 3 * L), a3);
+      a0 = at::vec::fmadd(load_opmath<T>(s), V::loadu(wt), a0);
+      a1 = at::vec::fmadd(load_opmath<T>(s + L), V::loadu(wt + L), a1);
+      a2 = at::vec::fmadd(load_opmath<T>(s + 2 * L), V::loadu(wt + 2 * L), a2);
+      a3 = at::vec::fmadd(load_opmath<T>(s + 3 * L), V::loadu(wt + 3 * L), a3);
     }
-    store_acc<T>(out + c, a0, L);
-    store_acc<T>(out + c + L, a1, L);
-    store_acc<T>(out + c + 2 * L, a2, L);
-    store_acc<T>(out + c + 3 * L, a3, L);
+    store_opmath<T>(out + c, a0, L);
+    store_opmath<T>(out + c + L, a1, L);
+    store_opmath<T>(out + c + 2 * L, a2, L);
+    store_opmath<T>(out + c + 3 * L, a3, L);
   }
   for (; c < C; c += L) {
     const int64_t cnt = std::min(L, C - c);
     V a = init ? V::loadu(init + c) : V(A(0));  // init and w are padded to Cp
     if (cnt == L) {
       for (int64_t t = 0; t < nt; ++t)
-        a = at::vec::fmadd(load_acc<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
+        a = at::vec::fmadd(load_opmath<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
     } else {
       for (int64_t t = 0; t < nt; ++t) {
-        a = at::vec::fmadd(load_acc<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
+        a = at::vec::fmadd(load_opmath<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
       }
     }
-    store_acc<T>(out + c, a, cnt);
+    store_opmath<T>(out + c, a, cnt);
   }
 }
 
@@ -135,9 +68,9 @@ inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t*
 // out + j * out_step) = init + sum_t w[t] * src[t][j * src_step + c]. One channel vector per step,
 // so each weight vector is loaded once for four independent FMA chains.
 template <typename T>
-inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt, const acc_t<T>* w,
-                        int64_t Cp, const acc_t<T>* init, int64_t C) {
-  using A = acc_t<T>;
+inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt,
+                        const opmath_t<T>* w, int64_t Cp, const opmath_t<T>* init, int64_t C) {
+  using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int64_t L = V::size();
   for (int64_t c = 0; c < C; c += L) {
@@ -148,25 +81,25 @@ inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t s
       for (int64_t t = 0; t < nt; ++t) {
         const V wv = V::loadu(w + t * Cp + c);
         const T* s = src[t] + c;
-        a0 = at::vec::fmadd(load_acc<T>(s), wv, a0);
-        a1 = at::vec::fmadd(load_acc<T>(s + src_step), wv, a1);
-        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step), wv, a2);
-        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step), wv, a3);
+        a0 = at::vec::fmadd(load_opmath<T>(s), wv, a0);
+        a1 = at::vec::fmadd(load_opmath<T>(s + src_step), wv, a1);
+        a2 = at::vec::fmadd(load_opmath<T>(s + 2 * src_step), wv, a2);
+        a3 = at::vec::fmadd(load_opmath<T>(s + 3 * src_step), wv, a3);
       }
     } else {
       for (int64_t t = 0; t < nt; ++t) {
         const V wv = V::loadu(w + t * Cp + c);
         const T* s = src[t] + c;
-        a0 = at::vec::fmadd(load_acc<T>(s, cnt), wv, a0);
-        a1 = at::vec::fmadd(load_acc<T>(s + src_step, cnt), wv, a1);
-        a2 = at::vec::fmadd(load_acc<T>(s + 2 * src_step, cnt), wv, a2);
-        a3 = at::vec::fmadd(load_acc<T>(s + 3 * src_step, cnt), wv, a3);
+        a0 = at::vec::fmadd(load_opmath<T>(s, cnt), wv, a0);
+        a1 = at::vec::fmadd(load_opmath<T>(s + src_step, cnt), wv, a1);
+        a2 = at::vec::fmadd(load_opmath<T>(s + 2 * src_step, cnt), wv, a2);
+        a3 = at::vec::fmadd(load_opmath<T>(s + 3 * src_step, cnt), wv, a3);
       }
     }
-    store_acc<T>(out + c, a0, cnt);
-    store_acc<T>(out + out_step + c, a1, cnt);
-    store_acc<T>(out + 2 * out_step + c, a2, cnt);
-    store_acc<T>(out + 3 * out_step + c, a3, cnt);
+    store_opmath<T>(out + c, a0, cnt);
+    store_opmath<T>(out + out_step + c, a1, cnt);
+    store_opmath<T>(out + 2 * out_step + c, a2, cnt);
+    store_opmath<T>(out + 3 * out_step + c, a3, cnt);
   }
 }
 
@@ -176,9 +109,9 @@ inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t s
 // S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
 // first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
 template <typename T, int K, int S, int P, bool Full>
-inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
-                             int64_t Cp, const acc_t<T>* init, int64_t c, int64_t cnt) {
-  using A = acc_t<T>;
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const opmath_t<T>* init, int64_t c, int64_t cnt) {
+  using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int U = S * (P - 1) + K;
   // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
@@ -190,20 +123,20 @@ inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const acc_
     static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
     const T* xr = rows[r] + c;
     static_for<U>([&](auto u) {
-      const V xv = Full ? load_acc<T>(xr + u * C) : load_acc<T>(xr + u * C, cnt);
+      const V xv = Full ? load_opmath<T>(xr + u * C) : load_opmath<T>(xr + u * C, cnt);
       static_for<K>([&](auto kw) {
         constexpr int d = decltype(u)::value - decltype(kw)::value;
         if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
       });
     });
   }
-  static_for<P>([&](auto j) { store_acc<T>(out + j * C + c, acc[j], cnt); });
+  static_for<P>([&](auto j) { store_opmath<T>(out + j * C + c, acc[j], cnt); });
 }
 
 template <typename T, int K, int S, int P>
-inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows, int64_t nrows,
-                           int64_t Cp, const acc_t<T>* init) {
-  constexpr int64_t L = at::vec::Vectorized<acc_t<T>>::size();
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const opmath_t<T>* init) {
+  constexpr int64_t L = at::vec::Vectorized<opmath_t<T>>::size();
   int64_t c = 0;
   for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
   if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
@@ -217,8 +150,8 @@ constexpr int64_t row_block_pixels() {
 
 // Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
 template <typename T>
-bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const acc_t<T>* const* wrows,
-                        int64_t nrows, int64_t Cp, const acc_t<T>* init) {
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const opmath_t<T>* init) {
 #define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
   if (K == KK && S == SS) {                                                                  \
     nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
@@ -245,7 +178,7 @@ inline bool has_row_block(int64_t K, int64_t S, int64_t D) {
 template <typename T>
 class NhwcForwardRow {
  public:
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64_t Cp, const A* bias)
       : g_(g),
         wp_(wt),
@@ -339,11 +272,6 @@ inline at::Tensor bias_acc(const std::optional<at::Tensor>& bias, at::ScalarType
   at::Tensor b = at::zeros({round_up(std::max<int64_t>(C, 1), vec)}, bias->options().dtype(acc));
   b.narrow(0, 0, C).copy_(*bias);
   return b;
-}
-
-template <typename T>
-constexpr int64_t acc_vec_size() {
-  return at::vec::Vectorized<acc_t<T>>::size();
 }
 
 }  // namespace fastops::cpu
