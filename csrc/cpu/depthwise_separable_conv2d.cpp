@@ -23,7 +23,7 @@
 #include <fastops/checks.h>
 #include <fastops/cpu_vec_math.h>
 #include <fastops/depthwise.h>
-#include <fastops/depthwise_nhwc_cpu.h>
+#include <fastops/depthwise_cpu.h>
 #include <torch/library.h>
 
 #include <algorithm>
