@@ -127,8 +127,9 @@ def default_max_jobs() -> int:
 
 
 def sources(with_cuda: bool, root: Path = CSRC_DIR) -> list[str]:
-    """Every translation unit: the schema file, each op's CPU kernel and, with CUDA, its .cu."""
-    files = [root / "registration.cpp", *sorted((root / "cpu").glob("*.cpp"))]
+    """Every translation unit: the device-neutral files (the schemas, the autocast kernels), the CPU
+    kernels and, with CUDA, the .cu files."""
+    files = [*sorted(root.glob("*.cpp")), *sorted((root / "cpu").glob("*.cpp"))]
     if with_cuda:
         files += sorted((root / "cuda").glob("*.cu"))
     return [str(f) for f in files]

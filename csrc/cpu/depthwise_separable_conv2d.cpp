@@ -18,14 +18,12 @@
 // writes and reads z (2 * N*OH*OW*C * itemsize). FLOPs: 2*N*OH*OW*C*(kh*kw + Cout).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fastops/checks.h>
+#include <fastops/cpu_vec_math.h>
 #include <fastops/depthwise.h>
-#include <fastops/depthwise_nhwc_cpu.h>
+#include <fastops/depthwise_cpu.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -137,7 +135,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::o
 template <typename T>
 void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, const at::Tensor& pwt,
              const at::Tensor& pwb, at::Tensor& y, const DepthwiseGeometry& g, int64_t Cout) {
-  using A = acc_t<T>;
+  using A = opmath_t<T>;
   const int64_t C = g.C, Coutp = pwt.size(1);
   // Tile: P consecutive output pixels in (n, oh, ow) order (a multiple of 8, spanning rows where they
   // are short, so 7x7 and 14x14 maps still feed the 1x1 full register blocks), P * C depthwise values
@@ -191,9 +189,9 @@ at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& 
   at::Tensor y = at::empty({g.N, Cout, g.OH, g.OW}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_dwpw_conv2d_cpu", [&] {
-    using A = acc_t<scalar_t>;
+    using A = opmath_t<scalar_t>;
     const auto acc = c10::CppTypeToScalarType<A>::value;
-    constexpr int64_t L = acc_vec_size<scalar_t>();
+    constexpr int64_t L = opmath_vec_size<scalar_t>();
     const at::Tensor dwt = weights_acc(dw_weight, acc, /*transposed=*/true, L);
     const at::Tensor dwb = bias_acc(dw_bias, acc, L);
     // Pointwise weight as (C, Cout_p) in the accumulation type, output channels zero-padded to vectors
@@ -206,32 +204,7 @@ at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& 
   return y;
 }
 
-// Autocast: conv2d's policy, the op runs in the autocast dtype (as depthwise_conv2d does).
-at::Tensor depthwise_separable_conv2d_autocast(const at::Tensor& x, const at::Tensor& dw_weight,
-                                               const std::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
-                                               const std::optional<at::Tensor>& pw_bias, at::IntArrayRef stride,
-                                               at::IntArrayRef padding, at::IntArrayRef dilation) {
-  const c10::DeviceType device_type = x.device().type();
-  const c10::DispatchKey key =
-      device_type == c10::DeviceType::CUDA ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU;
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(key);
-  const at::ScalarType dtype = at::autocast::get_autocast_dtype(device_type);
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fastops::depthwise_separable_conv2d", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef)>();
-  auto cast = [&](const std::optional<at::Tensor>& t) { return at::autocast::cached_cast(dtype, t, device_type); };
-  return op.call(at::autocast::cached_cast(dtype, x, device_type),
-                 at::autocast::cached_cast(dtype, dw_weight, device_type), cast(dw_bias),
-                 at::autocast::cached_cast(dtype, pw_weight, device_type), cast(pw_bias), stride, padding, dilation);
-}
-
 }  // namespace
 }  // namespace fastops::cpu
 
 TORCH_LIBRARY_IMPL(fastops, CPU, m) { m.impl("depthwise_separable_conv2d", &fastops::cpu::depthwise_separable_conv2d); }
-
-TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
-  m.impl("depthwise_separable_conv2d", &fastops::cpu::depthwise_separable_conv2d_autocast);
-}

@@ -13,7 +13,7 @@
 // uses Sleef's double erfc/exp (gradcheck). grad_bias is reduced deterministically: the rows are
 // cut into a fixed number of row blocks that depends only on the shape (never on the thread count),
 // each (row block, column block) tile sums its rows in order into an fp32 partial, and the partials
-// are added in row-block order.
+// are added in row-block order (cpu_reduce.h). The ISA-specific vector math is in cpu_vec_math.h.
 // Bytes per element: gelu fwd 2*sizeof(T), bwd 3*sizeof(T); bias_gelu the same plus the bias once.
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
@@ -21,6 +21,8 @@
 #include <ATen/ops/zeros_like.h>
 #include <fastops/checks.h>
 #include <fastops/cpu_loops.h>
+#include <fastops/cpu_reduce.h>
+#include <fastops/cpu_vec_math.h>
 #include <fastops/gelu_math.h>
 #include <torch/library.h>
 
@@ -31,95 +33,13 @@ namespace fastops::cpu {
 namespace {
 
 namespace gm = fastops::gelu_math;
-using FVec = at::vec::Vectorized<float>;
 using DVec = at::vec::Vectorized<double>;
 
-struct VecFma {
-  FVec operator()(const FVec& a, const FVec& b, const FVec& c) const { return at::vec::fmadd(a, b, c); }
-};
-
-// c - a*b in one instruction (at::vec's generic fnmadd is a multiply, a negation and an add).
-inline FVec fnmadd(const FVec& a, const FVec& b, const FVec& c) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_fnmadd_ps(a, b, c);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_fnmadd_ps(a, b, c);
-#else
-  return c - a * b;
-#endif
-}
-
-// min(|x|, c) for c > 0 (NaN stays NaN): one VRANGEPS on AVX-512 (absolute minimum, sign cleared).
-inline FVec abs_min(const FVec& x, const FVec& c) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_range_ps(x, c, 0x0A);
-#else
-  return at::vec::clamp_max(x.abs(), c);
-#endif
-}
-
-// lo = u*u - hi exactly, for hi = u*u rounded: one FMA where the ISA has one; otherwise (the
-// DEFAULT build, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
-// Veltkamp's split of u into 12 + 12 bits, exact in plain fp32 arithmetic.
-inline FVec square_low(const FVec& u, const FVec& hi) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  return at::vec::fmsub(u, u, hi);
-#else
-  const FVec c = u * FVec(4097.0f);
-  const FVec uh = c - (c - u);
-  const FVec ul = u - uh;
-  return ((uh * uh - hi) + FVec(2.0f) * uh * ul) + ul * ul;
-#endif
-}
-
-// Two accuracy levels of the erf form's pieces. kFull (fp32 and fp64 outputs, and every backward:
-// Phi + x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever
-// the output dtype): a few fp32 ulp everywhere. kReduced (fp16/bf16 forward only): Q of degree
-// 6 (3.7e-6 relative), e^r of degree 4 (5.3e-6) and no low-part correction of x^2 (< 4e-6 at
-// |x| = 10), ~1e-5 relative in all: 200x below half an ulp of bf16 and 50x below fp16's, so the
-// rounded result is the correctly rounded one except within 1e-5 of a tie, and 7 instructions
-// cheaper per vector. Our own fits (weighted least squares towards minimax, float64).
-enum class Accuracy { kFull, kReduced };
-
-// exp(-(hi + lo) / 2) for hi = u*u rounded and lo = u*u - hi exactly, u in [0, kTailClamp].
-// AVX-512: our own exp, specialised to this argument: n = round(a / ln2) with a = -hi/2 (exact),
-// r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi is exact for |n| <= 289),
-// e^r = 1 + (r + r^2 P(r)) on |r| <= ln2/2 (P of degree 4: 1.1e-7 relative in fp32 arithmetic),
-// and scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them, so no range
-// checks are needed. About 12 instructions against ~20 for Sleef's general expf plus the lo
-// correction. Elsewhere: Sleef's (or the scalar) expf, then a first-order lo correction.
-template <Accuracy kAcc>
-inline FVec gauss(const FVec& u) {
-  const FVec hi = u * u;
-  const FVec a = hi * FVec(-0.5f);
-#if defined(CPU_CAPABILITY_AVX512)
-  const FVec n(_mm512_roundscale_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  FVec r = fnmadd(n, FVec(0.693359375f), a);
-  r = fnmadd(n, FVec(-2.12194440e-4f), r);
-  FVec p;
-  if constexpr (kAcc == Accuracy::kFull) {
-    r = at::vec::fmadd(square_low(u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
-    p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
-    p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
-    p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
-    p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
-  } else {
-    p = at::vec::fmadd(FVec(4.1277728975e-02f), r, FVec(1.6753514111e-01f));
-    p = at::vec::fmadd(p, r, FVec(5.0005114079e-01f));
-  }
-  const FVec er = at::vec::fmadd(r * r, p, r) + FVec(1.0f);
-  return FVec(_mm512_scalef_ps(er, n));
-#else
-  const FVec e = a.exp();
-  if constexpr (kAcc == Accuracy::kFull) {
-    return at::vec::fmadd(e, square_low(u, hi) * FVec(-0.5f), e);
-  } else {
-    return e;
-  }
-#endif
-}
-
-// Q(u) = t * P(t), t = 1 / (1 + a u): gelu_math.h's degree-9 fit, or a degree-6 one (kReduced).
+// Q(u) = t * P(t), t = 1 / (1 + a u): gelu_math.h's degree-9 fit, or a degree-6 one (kReduced,
+// 3.7e-6 relative). The erf form runs kFull for fp32 and fp64 outputs and for every backward (Phi +
+// x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever the
+// output dtype), kReduced for the fp16/bf16 forward (with gauss's reduced exp: ~1e-5 relative in
+// all, 7 instructions cheaper per vector).
 template <Accuracy kAcc>
 inline FVec tail_q(const FVec& u) {
   if constexpr (kAcc == Accuracy::kFull) {
@@ -147,11 +67,6 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
   const FVec u = abs_min(x, FVec(gm::kTailClamp));
   q = tail_q<kAcc>(u);
   ex = gauss<kAcc>(u);
-}
-
-template <typename T>
-constexpr Accuracy accuracy_for() {
-  return is_reduced_float_v<T> ? Accuracy::kReduced : Accuracy::kFull;
 }
 
 template <Accuracy kAcc>
@@ -342,7 +257,7 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
   using S = BiasStep<T>;
   using M = opmath_t<T>;
   using MVec = at::vec::Vectorized<M>;
-  const int64_t col_blocks = (n + kColBlock - 1) / kColBlock;
+  const int64_t col_blocks = div_up(n, kColBlock);
   const int64_t min_rows = (kMinTileElements + std::min(n, kColBlock) - 1) / std::min(n, kColBlock);
   const int64_t row_blocks = std::clamp<int64_t>(rows / std::max<int64_t>(min_rows, 1), 1, kMaxRowBlocks);
   const int64_t rows_per_block = (rows + row_blocks - 1) / row_blocks;
@@ -381,16 +296,7 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
     }
   });
 
-  // Fixed-order combine of the row-block partials, vectorized across columns.
-  M* out = grad_bias_acc.data_ptr<M>();
-  at::parallel_for(0, n, 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; c += MVec::size()) {
-      const int64_t count = std::min<int64_t>(MVec::size(), end - c);
-      MVec sum = MVec::loadu(partial_ptr + c, count);
-      for (int64_t rb = 1; rb < row_blocks; ++rb) sum = sum + MVec::loadu(partial_ptr + rb * n + c, count);
-      sum.store(out + c, count);
-    }
-  });
+  sum_rows_in_order(partial_ptr, row_blocks, n, grad_bias_acc.data_ptr<M>());
 }
 
 at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {

@@ -5,7 +5,6 @@
 // Strategy: one grid-stride elementwise kernel (cuda_loops.cuh): 16-byte vector loads, 4 vectors
 // in flight per thread, fp32 math (logf, IEEE division). Bytes per element: forward 2*sizeof(T),
 // backward 3*sizeof(T); at 3 TB/s a 64M-element fp32 forward should take ~0.18 ms.
-#include <ATen/Dispatch.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <fastops/checks.h>
@@ -42,7 +41,7 @@ at::Tensor clipped_log(const at::Tensor& x_in, double eps, bool /*straight_throu
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = densify(x_in);
   at::Tensor y = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_clipped_log_cuda", [&] {
+  FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_clipped_log_cuda", [&] {
     using M = at::opmath_type<scalar_t>;
     launch_elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), ClippedLogForward<M>{static_cast<M>(eps)},
                                     {x.const_data_ptr<scalar_t>()});
@@ -60,7 +59,7 @@ at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_i
   const at::Tensor x = densify(x_in);
   const at::Tensor grad = match_layout(grad_in, x);
   at::Tensor dx = at::empty_like(x);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_clipped_log_backward_cuda", [&] {
+  FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_clipped_log_backward_cuda", [&] {
     using M = at::opmath_type<scalar_t>;
     launch_elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(),
                                     ClippedLogBackward<M>{static_cast<M>(eps), straight_through},

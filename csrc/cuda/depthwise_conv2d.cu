@@ -20,7 +20,6 @@
 // workspace; a second kernel adds the partials in partition order. No atomics: bitwise repeatable.
 // Bytes: forward reads x, writes y; dgrad reads g, writes dx; wgrad reads x and g once (for up to
 // 5x5; 7x7 reads them twice, once per tap group) plus a workspace of P*C*(taps+1) floats.
-#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
@@ -30,10 +29,9 @@
 #include <fastops/depthwise.h>
 #include <torch/library.h>
 
-#include <fastops/cuda_loops.cuh>
+#include <fastops/cuda_common.cuh>
 
 #include <algorithm>
-#include <initializer_list>
 #include <optional>
 #include <type_traits>
 
@@ -42,12 +40,6 @@ namespace {
 
 constexpr const char* kOp = "depthwise_conv2d";
 
-// fp32, fp16 and bf16 only: fp64 is rejected on CUDA, so its kernels are never instantiated.
-#define FASTOPS_DISPATCH_FLOAT_HALF_BF16(TYPE, NAME, ...)                                               \
-  AT_DISPATCH_SWITCH(TYPE, NAME,                                                                        \
-                     AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
-                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
-constexpr int kThreads = 256;
 constexpr int kMaxTaps = 25;  // tap sums per wgrad block (kernels above 5x5 use several tap groups)
 
 struct Geo {
@@ -254,18 +246,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Whether the NHWC vector kernels take a call: channels a multiple of the 16-byte vector and every
-// tensor they read or write 16-byte aligned.
-template <typename T>
-bool nhwc_vectorizable(int64_t C, std::initializer_list<const void*> ptrs) {
-  constexpr int V = 16 / sizeof(T);
-  if (C % V != 0) return false;
-  for (const void* p : ptrs) {
-    if (!is_aligned16(p)) return false;
-  }
-  return true;
-}
-
 // Picks the compile-time kernel size body: 3, 5, 7 (square) or 0 (generic).
 inline int square_kernel_size(const DepthwiseGeometry& dg) {
   return dg.KH == dg.KW && (dg.KH == 3 || dg.KH == 5 || dg.KH == 7) ? static_cast<int>(dg.KH) : 0;
@@ -350,28 +330,23 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Writes the summed partials, element i = c * (taps + 1) + k of a (C, taps + 1) row: the tap sums to
+// dw[c][k], the last slot to db[c].
 template <typename T>
-__global__ void backward_weight_combine_kernel(const float* __restrict__ ws, T* __restrict__ dw, T* __restrict__ db,
-                                               int64_t C, int taps, int64_t parts) {
-  // Grid-stride: grid_for caps the grid at 2^20 blocks, so one thread may own several outputs.
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < C * (taps + 1);
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+struct StoreWeightAndBias {
+  T* dw;
+  T* db;
+  int taps;
+  __device__ void operator()(int64_t i, float sum) const {
     const int64_t c = i / (taps + 1);
     const int k = static_cast<int>(i % (taps + 1));
-    float s = 0.f;
-    for (int64_t p = 0; p < parts; ++p) s += ws[(p * C + c) * (taps + 1) + k];
     if (k < taps) {
-      dw[c * taps + k] = static_cast<T>(s);
+      dw[c * taps + k] = static_cast<T>(sum);
     } else {
-      db[c] = static_cast<T>(s);
+      db[c] = static_cast<T>(sum);
     }
   }
-}
-
-int64_t grid_for(int64_t total) {
-  const int64_t blocks = (total + kThreads - 1) / kThreads;
-  return std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{1} << 20));
-}
+};
 
 void check_geo_fits(const DepthwiseGeometry& g) {
   // Kernel sizes, strides, pads and dilations are held in 32 bits on the device.
@@ -404,50 +379,23 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
     const float* wp = w.const_data_ptr<float>();
     const float* bp = b.defined() ? b.const_data_ptr<float>() : nullptr;
     scalar_t* yp = y.data_ptr<scalar_t>();
-    if (cl && nhwc_vectorizable<scalar_t>(dg.C, {xp, yp})) {
-      constexpr int V = 16 / sizeof(scalar_t);
+    if (cl && vectorizable<scalar_t>(dg.C, {xp, yp})) {
+      constexpr int V = kVectorWidth<scalar_t>;
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
       const int64_t vectors = total / V;
       with_kernel_size<3, 5, 7>(k, [&](auto kc) {
         forward_nhwc_vec_kernel<scalar_t, V, decltype(kc)::value>
-            <<<grid_for(vectors), kThreads, 0, stream>>>(xp, wt.const_data_ptr<float>(), bp, yp, g, vectors);
+            <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(xp, wt.const_data_ptr<float>(), bp, yp, g, vectors);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
       return;
     }
-    auto launch = [&](auto kernel) {
-      kernel<<<grid_for(total), kThreads, 0, stream>>>(xp, wp, bp, yp, g, total);
+    with_kernel_size<3, 5, 7>(k, [&](auto kc) {
+      constexpr int K = decltype(kc)::value;
+      const auto kernel = cl ? forward_kernel<scalar_t, K, true> : forward_kernel<scalar_t, K, false>;
+      kernel<<<grid_stride_blocks(total), kThreads, 0, stream>>>(xp, wp, bp, yp, g, total);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    if (cl) {
-      switch (k) {
-        case 3:
-          launch(forward_kernel<scalar_t, 3, true>);
-          break;
-        case 5:
-          launch(forward_kernel<scalar_t, 5, true>);
-          break;
-        case 7:
-          launch(forward_kernel<scalar_t, 7, true>);
-          break;
-        default:
-          launch(forward_kernel<scalar_t, 0, true>);
-      }
-    } else {
-      switch (k) {
-        case 3:
-          launch(forward_kernel<scalar_t, 3, false>);
-          break;
-        case 5:
-          launch(forward_kernel<scalar_t, 5, false>);
-          break;
-        case 7:
-          launch(forward_kernel<scalar_t, 7, false>);
-          break;
-        default:
-          launch(forward_kernel<scalar_t, 0, false>);
-      }
-    }
+    });
   });
   return y;
 }
@@ -471,8 +419,8 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
     const scalar_t* gp = go.const_data_ptr<scalar_t>();
     const float* wp = w.const_data_ptr<float>();
     scalar_t* dxp = dx.data_ptr<scalar_t>();
-    if (channels_last && nhwc_vectorizable<scalar_t>(dg.C, {gp, dxp})) {
-      constexpr int V = 16 / sizeof(scalar_t);
+    if (channels_last && vectorizable<scalar_t>(dg.C, {gp, dxp})) {
+      constexpr int V = kVectorWidth<scalar_t>;
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
       const int64_t vectors = total / V;
       const bool s1 = dg.sh == 1 && dg.sw == 1;
@@ -481,19 +429,19 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
         const float* wtp = wt.const_data_ptr<float>();
         if (s1) {
           backward_input_nhwc_vec_kernel<scalar_t, V, K, true>
-              <<<grid_for(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
+              <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
         } else {
           backward_input_nhwc_vec_kernel<scalar_t, V, K, false>
-              <<<grid_for(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
+              <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
         }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
       return;
     }
     if (channels_last) {
-      backward_input_kernel<scalar_t, true><<<grid_for(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
+      backward_input_kernel<scalar_t, true><<<grid_stride_blocks(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
     } else {
-      backward_input_kernel<scalar_t, false><<<grid_for(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
+      backward_input_kernel<scalar_t, false><<<grid_stride_blocks(total), kThreads, 0, stream>>>(gp, wp, dxp, g, total);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -545,10 +493,9 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
           <<<grid, dim3(kThreads), 0, stream>>>(gp, xp, wsp, g, positions, per_part);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    const int64_t outs = dg.C * (taps + 1);
-    backward_weight_combine_kernel<scalar_t><<<grid_for(outs), kThreads, 0, stream>>>(
-        wsp, dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), dg.C, taps, parts);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_sum_rows_in_order(wsp, parts, dg.C * (taps + 1),
+                             StoreWeightAndBias<scalar_t>{dw.data_ptr<scalar_t>(), db.data_ptr<scalar_t>(), taps},
+                             stream);
   });
   return {dw, db};
 }

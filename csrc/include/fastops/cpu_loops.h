@@ -9,20 +9,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include <fastops/cpu_vec_math.h>
 
 #include <algorithm>
 #include <array>
-#include <type_traits>
+#include <tuple>
 
 namespace fastops::cpu {
-
-template <typename T>
-inline constexpr bool is_reduced_float_v = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
-
-template <typename T>
-using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Elements per grain of at::parallel_for: large enough to amortise a task, small enough to split
 // a few-MB tensor across cores.

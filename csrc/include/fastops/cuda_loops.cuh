@@ -9,9 +9,8 @@
 
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
+#include <fastops/cuda_common.cuh>
 
 #include <algorithm>
 #include <array>
@@ -19,12 +18,6 @@
 
 namespace fastops::cuda {
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vector {
-  T val[N];
-};
-
-constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
 
 template <int NumIn, typename Op, typename M>
@@ -84,46 +77,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Multiprocessor count of the current device, read once per device. (ATen/cuda/CUDAContext.h would
-// give it too, but pulls cuBLAS/cuSPARSE headers into every .cu and slows compiles.)
-inline int multiprocessor_count() {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  const int device = c10::cuda::current_device();
-  if (device >= kMaxDevices) {
-    int count = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }
-  if (cached[device] == 0) {
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrMultiProcessorCount, device));
-  }
-  return cached[device];
-}
-
-inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// One full wave of `kernel`: resident blocks per SM (from the occupancy calculator, which accounts
-// for the kernel's registers) times the SM count (the per-SM figure is cached per kernel). A grid-stride kernel
-// launched with exactly this many blocks has no partial last wave; a fixed "8 blocks per SM" overshoots when registers
-// limit residency and leaves the tail of the work to a fraction of the GPU. Kernel is a template argument so the cached
-// value is per kernel, not per signature.
-template <auto Kernel>
-int64_t full_wave_blocks(int threads) {
-  static const int per_sm = [&] {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, 0));
-    return std::max(blocks, 1);
-  }();
-  return static_cast<int64_t>(per_sm) * multiprocessor_count();
-}
-
 // Launches out[i] = op(in[0][i], ...) over n elements on the current stream. op takes and returns
 // at::opmath_type<T>.
 template <typename T, int NumIn, typename Op>
 void launch_elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in) {
   if (n == 0) return;
-  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kVec = kVectorWidth<T>;
   bool aligned = is_aligned16(out);
   for (const T* p : in) aligned = aligned && is_aligned16(p);
   const int64_t work_per_block = static_cast<int64_t>(kThreads) * kUnroll * (aligned ? kVec : 1);

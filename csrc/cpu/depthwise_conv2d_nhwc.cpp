@@ -1,0 +1,630 @@
+// depthwise_conv2d's NHWC (channels_last) kernels on the CPU (the math: cpu/depthwise_conv2d.cpp).
+//
+// Forward: one output row (n, oh) per task (NhwcForwardRow, also the depthwise half of the fused
+// depthwise_separable_conv2d); per border pixel the list of in-bounds taps is built once, then the
+// channel loop runs over it with 4 vectors of channels per step (weights pre-transposed to
+// [tap][C]); interior pixels go in register blocks along the row (row blocks for 3/5/7-wide kernels
+// at stride 1 or 2, else blocks of 4 pixels). The input gradient is the same gather seen from the
+// input side (taps whose stride phase matches), one input row per task. The weight gradient splits
+// the N*OH output rows into a fixed number of fixed-size items (a function of the shape only, never
+// of the thread count); each item writes its partial [tap][C] sums to a workspace slot, which the
+// caller adds in item order: deterministic and bitwise repeatable, no atomics, one pass over x and
+// grad_output from memory.
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <fastops/cpu_vec_math.h>
+#include <fastops/depthwise.h>
+#include <fastops/depthwise_cpu.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace fastops::cpu {
+namespace {
+
+// ---- register blocks of the forward and the input gradient ---------------------------------------
+
+// out[c] = init[c] + sum_t w[tap[t]][c] * base[off[t] + c] for c in [0, C); w is [taps][Cp] in A.
+template <typename T>
+inline void nhwc_pixel(T* out, const T* base, const int64_t* off, const int64_t* tap, int64_t nt, const opmath_t<T>* w,
+                       int64_t Cp, const opmath_t<T>* init, int64_t C) {
+  using A = opmath_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  int64_t c = 0;
+  for (; c + 4 * L <= C; c += 4 * L) {
+    V a0(A(0)), a1(A(0)), a2(A(0)), a3(A(0));
+    if (init) {
+      a0 = V::loadu(init + c);
+      a1 = V::loadu(init + c + L);
+      a2 = V::loadu(init + c + 2 * L);
+      a3 = V::loadu(init + c + 3 * L);
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      const T* s = base + off[t] + c;
+      const A* wt = w + tap[t] * Cp + c;
+      a0 = at::vec::fmadd(load_opmath<T>(s), V::loadu(wt), a0);
+      a1 = at::vec::fmadd(load_opmath<T>(s + L), V::loadu(wt + L), a1);
+      a2 = at::vec::fmadd(load_opmath<T>(s + 2 * L), V::loadu(wt + 2 * L), a2);
+      a3 = at::vec::fmadd(load_opmath<T>(s + 3 * L), V::loadu(wt + 3 * L), a3);
+    }
+    store_opmath<T>(out + c, a0, L);
+    store_opmath<T>(out + c + L, a1, L);
+    store_opmath<T>(out + c + 2 * L, a2, L);
+    store_opmath<T>(out + c + 3 * L, a3, L);
+  }
+  for (; c < C; c += L) {
+    const int64_t cnt = std::min(L, C - c);
+    V a = init ? V::loadu(init + c) : V(A(0));  // init and w are padded to Cp
+    if (cnt == L) {
+      for (int64_t t = 0; t < nt; ++t)
+        a = at::vec::fmadd(load_opmath<T>(base + off[t] + c), V::loadu(w + tap[t] * Cp + c), a);
+    } else {
+      for (int64_t t = 0; t < nt; ++t) {
+        a = at::vec::fmadd(load_opmath<T>(base + off[t] + c, cnt), V::loadu(w + tap[t] * Cp + c), a);
+      }
+    }
+    store_opmath<T>(out + c, a, cnt);
+  }
+}
+
+// Four neighbouring output pixels at once, all of whose taps are in bounds: out pixel j (at
+// out + j * out_step) = init + sum_t w[t] * src[t][j * src_step + c]. One channel vector per step,
+// so each weight vector is loaded once for four independent FMA chains.
+template <typename T>
+inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t src_step, int64_t nt,
+                        const opmath_t<T>* w, int64_t Cp, const opmath_t<T>* init, int64_t C) {
+  using A = opmath_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  for (int64_t c = 0; c < C; c += L) {
+    const int64_t cnt = std::min(L, C - c);
+    const V i0 = init ? V::loadu(init + c) : V(A(0));
+    V a0 = i0, a1 = i0, a2 = i0, a3 = i0;
+    if (cnt == L) {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_opmath<T>(s), wv, a0);
+        a1 = at::vec::fmadd(load_opmath<T>(s + src_step), wv, a1);
+        a2 = at::vec::fmadd(load_opmath<T>(s + 2 * src_step), wv, a2);
+        a3 = at::vec::fmadd(load_opmath<T>(s + 3 * src_step), wv, a3);
+      }
+    } else {
+      for (int64_t t = 0; t < nt; ++t) {
+        const V wv = V::loadu(w + t * Cp + c);
+        const T* s = src[t] + c;
+        a0 = at::vec::fmadd(load_opmath<T>(s, cnt), wv, a0);
+        a1 = at::vec::fmadd(load_opmath<T>(s + src_step, cnt), wv, a1);
+        a2 = at::vec::fmadd(load_opmath<T>(s + 2 * src_step, cnt), wv, a2);
+        a3 = at::vec::fmadd(load_opmath<T>(s + 3 * src_step, cnt), wv, a3);
+      }
+    }
+    store_opmath<T>(out + c, a0, cnt);
+    store_opmath<T>(out + out_step + c, a1, cnt);
+    store_opmath<T>(out + 2 * out_step + c, a2, cnt);
+    store_opmath<T>(out + 3 * out_step + c, a3, cnt);
+  }
+}
+
+// P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
+// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
+// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
+// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
+// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
+template <typename T, int K, int S, int P, bool Full>
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const opmath_t<T>* init, int64_t c, int64_t cnt) {
+  using A = opmath_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int U = S * (P - 1) + K;
+  // Every index below is a compile-time constant (static_for), so acc and wv live in registers.
+  V acc[P];
+  const V i0 = init ? V::loadu(init + c) : V(A(0));
+  static_for<P>([&](auto j) { acc[j] = i0; });
+  for (int64_t r = 0; r < nrows; ++r) {
+    V wv[K];
+    static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
+    const T* xr = rows[r] + c;
+    static_for<U>([&](auto u) {
+      const V xv = Full ? load_opmath<T>(xr + u * C) : load_opmath<T>(xr + u * C, cnt);
+      static_for<K>([&](auto kw) {
+        constexpr int d = decltype(u)::value - decltype(kw)::value;
+        if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
+      });
+    });
+  }
+  static_for<P>([&](auto j) { store_opmath<T>(out + j * C + c, acc[j], cnt); });
+}
+
+template <typename T, int K, int S, int P>
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const opmath_t<T>* init) {
+  constexpr int64_t L = at::vec::Vectorized<opmath_t<T>>::size();
+  int64_t c = 0;
+  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
+  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
+}
+
+// Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
+template <int S>
+constexpr int64_t row_block_pixels() {
+  return S == 1 ? 8 : 4;
+}
+
+// Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
+template <typename T>
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const opmath_t<T>* init) {
+#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
+  if (K == KK && S == SS) {                                                                  \
+    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
+    return true;                                                                             \
+  }
+  FASTOPS_ROW_BLOCK(3, 1)
+  FASTOPS_ROW_BLOCK(3, 2)
+  FASTOPS_ROW_BLOCK(5, 1)
+  FASTOPS_ROW_BLOCK(5, 2)
+  FASTOPS_ROW_BLOCK(7, 1)
+  FASTOPS_ROW_BLOCK(7, 2)
+#undef FASTOPS_ROW_BLOCK
+  return false;
+}
+
+inline bool has_row_block(int64_t K, int64_t S, int64_t D) {
+  return D == 1 && (K == 3 || K == 5 || K == 7) && (S == 1 || S == 2);
+}
+// ---- input gradient ------------------------------------------------------------------------------
+
+// The weights with each kernel row mirrored along w, [taps][Cp]: the stride-1 input gradient is the
+// forward's row block on grad_output with this kernel.
+template <typename A>
+std::vector<A> mirrored_weights(const A* wp, const DepthwiseGeometry& g, int64_t Cp) {
+  std::vector<A> wflip(g.taps() * Cp);
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      std::memcpy(wflip.data() + (kh * g.KW + kw) * Cp, wp + (kh * g.KW + g.KW - 1 - kw) * Cp, sizeof(A) * Cp);
+    }
+  }
+  return wflip;
+}
+
+// One input row (n, ih) of the NHWC input gradient: dx[iw] = sum over the taps whose window puts
+// (ih, iw) on an output pixel of w[tap] * g[that pixel]. Border pixels tap by tap; at stride 1 the
+// interior pixels (every kw on an output column) in register blocks; at other strides the input
+// columns of one stride phase in blocks of 4. Holds per-thread scratch: make one per task.
+template <typename T>
+class NhwcInputGradRow {
+ public:
+  using A = opmath_t<T>;
+  // wt: the (taps, Cp) transposed weights; wflip: mirrored_weights(wt) when has_row_block(KW, 1, dw)
+  // at stride 1, else unused.
+  NhwcInputGradRow(const DepthwiseGeometry& g, const A* wt, const A* wflip, int64_t Cp)
+      : g_(g), wp_(wt), wflip_(wflip), Cp_(Cp), scratch_(g) {
+    // Stride 1: interior input columns have every kw on an output column, iw + pl - kw*dw in
+    // [0, OW) for all kw: iw >= (KW-1)*dw - pl and iw + pl <= OW - 1.
+    unit_ = g.sw == 1;
+    few_ = g.KH <= 64 && g.KW <= 64;
+    iw_lo_ = unit_ ? std::min(g.W, std::max<int64_t>(0, (g.KW - 1) * g.dw - g.pl)) : g.W;
+    iw_hi_ = unit_ ? std::max(iw_lo_, std::min(g.W, g.OW - g.pl)) : g.W;
+    row_block_ = unit_ && has_row_block(g.KW, 1, g.dw);
+  }
+
+  // dxrow: input row ih of image n; gb: image n of grad_output.
+  void run(T* dxrow, const T* gb, int64_t ih) {
+    if (!unit_ && few_) {
+      strided_row(dxrow, gb, ih);
+      return;
+    }
+    int64_t iw = 0;
+    if (unit_ && few_ && iw_hi_ - iw_lo_ >= 4) iw = unit_stride_blocks(dxrow, gb, ih);
+    for (; iw < g_.W; ++iw) pixel(dxrow, gb, ih, iw);
+  }
+
+ private:
+  void pixel(T* dxrow, const T* gb, int64_t ih, int64_t iw) {
+    const DepthwiseGeometry& g = g_;
+    int64_t nt = 0;
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      const int64_t th = ih + g.pt - kh * g.dh;
+      if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+      const int64_t oh = th / g.sh;
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        const int64_t tw = iw + g.pl - kw * g.dw;
+        if (tw < 0 || tw % g.sw != 0 || tw / g.sw >= g.OW) continue;
+        scratch_.off[nt] = (oh * g.OW + tw / g.sw) * g.C;
+        scratch_.tap[nt++] = kh * g.KW + kw;
+      }
+    }
+    nhwc_pixel<T>(dxrow + iw * g.C, gb, scratch_.off.data(), scratch_.tap.data(), nt, wp_, Cp_, nullptr, g.C);
+  }
+
+  // The kh whose window puts row ih on an output row, (ih + pt - kh*dh) a multiple of sh in
+  // [0, sh*OH), into khs_; returns how many.
+  int64_t rows_on_output(int64_t ih) {
+    const DepthwiseGeometry& g = g_;
+    int64_t nkh = 0;
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      const int64_t th = ih + g.pt - kh * g.dh;
+      if (th < 0 || th % g.sh != 0 || th / g.sh >= g.OH) continue;
+      khs_[nkh++] = kh;
+    }
+    return nkh;
+  }
+
+  // Stride 1: the left border pixels, then the interior in row blocks and blocks of 4; returns the
+  // first pixel left for the caller.
+  int64_t unit_stride_blocks(T* dxrow, const T* gb, int64_t ih) {
+    const DepthwiseGeometry& g = g_;
+    const int64_t nkh = rows_on_output(ih);
+    // Weights of the valid (kh, all kw) taps, gathered once per row in block order.
+    wsel_.resize(std::max<int64_t>(1, nkh * g.KW) * Cp_);
+    for (int64_t i = 0; i < nkh; ++i) {
+      std::memcpy(wsel_.data() + i * g.KW * Cp_, wp_ + khs_[i] * g.KW * Cp_, sizeof(A) * g.KW * Cp_);
+    }
+    int64_t iw = 0;
+    for (; iw < iw_lo_; ++iw) pixel(dxrow, gb, ih, iw);
+    if (row_block_) {
+      // dx[iw] = sum_kw w[kw] g[iw + pl - kw] = sum_kw' wflip[kw'] g[iw + pl - (KW-1) + kw']:
+      // the forward's row block on g with the kernel mirrored along w.
+      constexpr int64_t P = row_block_pixels<1>();
+      for (int64_t i = 0; i < nkh; ++i) scratch_.wrow_ptr[i] = wflip_ + khs_[i] * g.KW * Cp_;
+      for (; iw + P <= iw_hi_; iw += P) {
+        for (int64_t i = 0; i < nkh; ++i) {
+          const int64_t oh = (ih + g.pt - khs_[i] * g.dh) / g.sh;
+          scratch_.row_ptr[i] = gb + (oh * g.OW + iw + g.pl - (g.KW - 1)) * g.C;
+        }
+        dispatch_row_block<T>(g.KW, 1, dxrow + iw * g.C, g.C, scratch_.row_ptr.data(), scratch_.wrow_ptr.data(), nkh,
+                              Cp_, nullptr);
+      }
+    }
+    for (; iw + 4 <= iw_hi_; iw += 4) {
+      int64_t t = 0;
+      for (int64_t i = 0; i < nkh; ++i) {
+        const T* grow = gb + ((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW * g.C;
+        for (int64_t kw = 0; kw < g.KW; ++kw) scratch_.src[t++] = grow + (iw + g.pl - kw * g.dw) * g.C;
+      }
+      nhwc_block4<T>(dxrow + iw * g.C, g.C, scratch_.src.data(), g.C, nkh * g.KW, wsel_.data(), Cp_, nullptr, g.C);
+    }
+    return iw;
+  }
+
+  // Strided: the input columns of one stride phase (iw = ph + sw*m) see the same kw taps, and
+  // consecutive m read consecutive output columns, so four of them form one block.
+  void strided_row(T* dxrow, const T* gb, int64_t ih) {
+    const DepthwiseGeometry& g = g_;
+    const int64_t nkh = rows_on_output(ih);
+    for (int64_t ph = 0; ph < g.sw && ph < g.W; ++ph) {
+      int64_t nkw = 0;
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        if (((ph + g.pl - kw * g.dw) % g.sw + g.sw) % g.sw == 0) kws_[nkw++] = kw;
+      }
+      const int64_t nt = nkh * nkw;
+      wsel_.resize(std::max<int64_t>(1, nt) * Cp_);
+      for (int64_t i = 0; i < nkh; ++i) {
+        for (int64_t k = 0; k < nkw; ++k) {
+          std::memcpy(wsel_.data() + (i * nkw + k) * Cp_, wp_ + (khs_[i] * g.KW + kws_[k]) * Cp_, sizeof(A) * Cp_);
+        }
+      }
+      for (int64_t c0 = ph; c0 < g.W;) {
+        const int64_t c3 = c0 + 3 * g.sw;
+        const bool interior =
+            nt > 0 && c3 < g.W && c0 + g.pl - kws_[nkw - 1] * g.dw >= 0 && (c3 + g.pl - kws_[0] * g.dw) / g.sw < g.OW;
+        if (!interior) {
+          pixel(dxrow, gb, ih, c0);
+          c0 += g.sw;
+          continue;
+        }
+        int64_t t = 0;
+        for (int64_t i = 0; i < nkh; ++i) {
+          const T* grow = gb + ((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW * g.C;
+          for (int64_t k = 0; k < nkw; ++k) scratch_.src[t++] = grow + ((c0 + g.pl - kws_[k] * g.dw) / g.sw) * g.C;
+        }
+        nhwc_block4<T>(dxrow + c0 * g.C, g.sw * g.C, scratch_.src.data(), g.C, nt, wsel_.data(), Cp_, nullptr, g.C);
+        c0 += 4 * g.sw;
+      }
+    }
+  }
+
+  const DepthwiseGeometry& g_;
+  const A* wp_;
+  const A* wflip_;
+  int64_t Cp_, iw_lo_ = 0, iw_hi_ = 0;
+  bool unit_ = false, few_ = false, row_block_ = false;
+  NhwcRowScratch<T> scratch_;
+  std::vector<A> wsel_;
+  int64_t khs_[64], kws_[64];
+};
+
+// ---- weight gradient -----------------------------------------------------------------------------
+
+constexpr int64_t kTapGroup = 8;  // taps summed together: 8 accumulators stay in registers
+
+// Output rows per weight-gradient item: a function of the shape only (never of the thread count),
+// so the partition and with it every rounding is the same on every machine and every run.
+int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
+  const int64_t total_rows = g.N * g.OH;
+  const int64_t per_row = std::max<int64_t>(1, g.OW * g.C);
+  int64_t rows = div_up(int64_t{1} << 16, per_row);                     // ~64K elements of g per item: L2-resident
+  rows = std::min(rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
+  return std::max<int64_t>(1, rows);
+}
+
+// acc[j] += g[o] * x[o * xstep + j * tstep] over n output columns, NK taps in registers.
+template <typename T, int NK, typename Load>
+inline void wgrad_interior(OpmathVec<T>* acc, const T* g, const T* x, int64_t n, int64_t gstep, int64_t xstep,
+                           int64_t tstep, const Load& load) {
+  OpmathVec<T> a[NK];
+  static_for<NK>([&](auto j) { a[j] = acc[j]; });
+  for (int64_t o = 0; o < n; ++o) {
+    const OpmathVec<T> gv = load(g + o * gstep);
+    const T* xo = x + o * xstep;
+    static_for<NK>([&](auto j) { a[j] = at::vec::fmadd(gv, load(xo + j * tstep), a[j]); });
+  }
+  static_for<NK>([&](auto j) { acc[j] = a[j]; });
+}
+
+// The same sums for column dilation 1 and column stride S, four output columns at a time: input
+// vector u = j*S + k feeds tap k of column j, so 3*S + NK loads serve 4*NK FMAs. Each acc[k] still
+// adds its terms in increasing output column, so the result is bitwise that of wgrad_interior.
+template <typename T, int NK, int S, typename Load>
+inline void wgrad_interior_reuse(OpmathVec<T>* acc, const T* g, const T* x, int64_t n, int64_t C, const Load& load) {
+  constexpr int P = 4;
+  constexpr int U = S * (P - 1) + NK;
+  OpmathVec<T> a[NK];
+  static_for<NK>([&](auto k) { a[k] = acc[k]; });
+  int64_t o = 0;
+  for (; o + P <= n; o += P) {
+    OpmathVec<T> gv[P];
+    static_for<P>([&](auto j) { gv[j] = load(g + (o + j) * C); });
+    const T* xo = x + o * S * C;
+    static_for<U>([&](auto u) {
+      const OpmathVec<T> xv = load(xo + u * C);
+      static_for<P>([&](auto j) {
+        constexpr int k = decltype(u)::value - decltype(j)::value * S;
+        if constexpr (k >= 0 && k < NK) a[k] = at::vec::fmadd(gv[j], xv, a[k]);
+      });
+    });
+  }
+  for (; o < n; ++o) {
+    const OpmathVec<T> gv = load(g + o * C);
+    const T* xo = x + o * S * C;
+    static_for<NK>([&](auto k) { a[k] = at::vec::fmadd(gv, load(xo + k * C), a[k]); });
+  }
+  static_for<NK>([&](auto k) { acc[k] = a[k]; });
+}
+
+// acc[j] += the sums of the ni interior output columns starting at gi (taps of the group all in
+// bounds; xs: the input under the group's first tap): fixed trip counts for 3, 5 and 7 taps, with
+// input-vector reuse at column dilation 1 and stride 1 or 2.
+template <typename T, typename Load>
+inline void wgrad_interior_columns(OpmathVec<T>* acc, int64_t nk, const T* gi, const T* xs, int64_t ni,
+                                   const DepthwiseGeometry& g, const Load& load) {
+  const int64_t xstep = g.sw * g.C, tstep = g.dw * g.C;
+  const bool reuse = g.dw == 1 && (g.sw == 1 || g.sw == 2) && (nk == 3 || nk == 5 || nk == 7);
+  if (reuse) {
+    const bool s1 = g.sw == 1;
+    if (nk == 3) {
+      s1 ? wgrad_interior_reuse<T, 3, 1>(acc, gi, xs, ni, g.C, load)
+         : wgrad_interior_reuse<T, 3, 2>(acc, gi, xs, ni, g.C, load);
+    } else if (nk == 5) {
+      s1 ? wgrad_interior_reuse<T, 5, 1>(acc, gi, xs, ni, g.C, load)
+         : wgrad_interior_reuse<T, 5, 2>(acc, gi, xs, ni, g.C, load);
+    } else {
+      s1 ? wgrad_interior_reuse<T, 7, 1>(acc, gi, xs, ni, g.C, load)
+         : wgrad_interior_reuse<T, 7, 2>(acc, gi, xs, ni, g.C, load);
+    }
+    return;
+  }
+  switch (nk) {
+    case 3:
+      wgrad_interior<T, 3>(acc, gi, xs, ni, g.C, xstep, tstep, load);
+      break;
+    case 5:
+      wgrad_interior<T, 5>(acc, gi, xs, ni, g.C, xstep, tstep, load);
+      break;
+    case 7:
+      wgrad_interior<T, 7>(acc, gi, xs, ni, g.C, xstep, tstep, load);
+      break;
+    default:
+      for (int64_t o = 0; o < ni; ++o) {
+        const OpmathVec<T> gv = load(gi + o * g.C);
+        for (int64_t j = 0; j < nk; ++j) acc[j] = at::vec::fmadd(gv, load(xs + o * xstep + j * tstep), acc[j]);
+      }
+  }
+}
+
+// The partial sums of taps (kh, k0 .. k0 + nk - 1) for the channel vector at c over output rows
+// [r0, r1), stored to out[(kh * KW + kw) * Cp + c]: per row the border columns tap by tap, the
+// interior ones (every tap of the group in bounds) by wgrad_interior_columns.
+template <typename T, typename Load>
+void tap_group_partials(opmath_t<T>* out, int64_t Cp, const T* gp, const T* xp, const DepthwiseGeometry& g, int64_t r0,
+                        int64_t r1, int64_t c, int64_t kh, int64_t k0, const Load& load) {
+  using V = OpmathVec<T>;
+  const int64_t nk = std::min(kTapGroup, g.KW - k0);
+  // Output columns whose taps k0 .. k0+nk-1 all land inside the row.
+  const int64_t ow_lo = std::min(g.OW, div_up(std::max<int64_t>(0, g.pl - k0 * g.dw), g.sw));
+  const int64_t lastv = g.W - 1 + g.pl - (k0 + nk - 1) * g.dw;
+  const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, lastv >= 0 ? lastv / g.sw + 1 : 0));
+  V acc[kTapGroup];
+  for (int64_t j = 0; j < kTapGroup; ++j) acc[j] = V(opmath_t<T>(0));
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t n = r / g.OH, oh = r % g.OH;
+    const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
+    if (ih < 0 || ih >= g.H) continue;
+    const T* grow = gp + r * g.OW * g.C + c;
+    const T* xrow = xp + ((n * g.H + ih) * g.W) * g.C + c;
+    auto border = [&](int64_t ow) {
+      const V gv = load(grow + ow * g.C);
+      const int64_t iw0 = ow * g.sw + k0 * g.dw - g.pl;
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t iw = iw0 + j * g.dw;
+        if (iw >= 0 && iw < g.W) acc[j] = at::vec::fmadd(gv, load(xrow + iw * g.C), acc[j]);
+      }
+    };
+    int64_t ow = 0;
+    for (; ow < ow_lo; ++ow) border(ow);
+    const T* xs = xrow + (ow * g.sw + k0 * g.dw - g.pl) * g.C;
+    wgrad_interior_columns<T>(acc, nk, grow + ow * g.C, xs, ow_hi - ow, g, load);
+    for (ow = ow_hi; ow < g.OW; ++ow) border(ow);
+  }
+  for (int64_t j = 0; j < nk; ++j) acc[j].store(out + (kh * g.KW + k0 + j) * Cp + c);
+}
+
+}  // namespace
+
+// ---- NhwcForwardRow ------------------------------------------------------------------------------
+
+template <typename T>
+NhwcForwardRow<T>::NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64_t Cp, const A* bias)
+    : g_(g), wp_(wt), bp_(bias), Cp_(Cp), scratch_(g) {
+  // Interior columns: every kw in bounds, ow*sw - pl >= 0 and ow*sw - pl + (KW-1)*dw <= W - 1.
+  ow_lo_ = std::min(g.OW, div_up(g.pl, g.sw));
+  const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
+  ow_hi_ = std::max(ow_lo_, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
+  row_block_ = has_row_block(g.KW, g.sw, g.dw);
+}
+
+template <typename T>
+void NhwcForwardRow<T>::run(T* out, const T* xb, int64_t oh, int64_t ow_begin, int64_t ow_end) {
+  const DepthwiseGeometry& g = g_;
+  // Pixel ow lives at out + (ow - ow_begin) * C.
+  auto at_px = [&](int64_t o) { return out + (o - ow_begin) * g.C; };
+  // Rows in bounds for this output row; the interior blocks use them with every kw.
+  int64_t kh0 = 0, kh1 = g.KH;
+  while (kh0 < g.KH && oh * g.sh + kh0 * g.dh - g.pt < 0) ++kh0;
+  while (kh1 > kh0 && oh * g.sh + (kh1 - 1) * g.dh - g.pt >= g.H) --kh1;
+  const A* wrows = wp_ + kh0 * g.KW * Cp_;
+  const int64_t nt_in = (kh1 - kh0) * g.KW;
+  auto pixel = [&](int64_t o) {
+    int64_t nt = 0;
+    for (int64_t kh = kh0; kh < kh1; ++kh) {
+      const int64_t ih = oh * g.sh + kh * g.dh - g.pt;
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        const int64_t iw = o * g.sw + kw * g.dw - g.pl;
+        if (iw < 0 || iw >= g.W) continue;
+        scratch_.off[nt] = (ih * g.W + iw) * g.C;
+        scratch_.tap[nt++] = kh * g.KW + kw;
+      }
+    }
+    nhwc_pixel<T>(at_px(o), xb, scratch_.off.data(), scratch_.tap.data(), nt, wp_, Cp_, bp_, g.C);
+  };
+  const int64_t hi = std::min(ow_hi_, ow_end);
+  int64_t ow = ow_begin;
+  for (; ow < std::min(ow_lo_, ow_end); ++ow) pixel(ow);
+  if (row_block_) {
+    const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
+    for (int64_t kh = kh0; kh < kh1; ++kh) scratch_.wrow_ptr[kh - kh0] = wp_ + kh * g.KW * Cp_;
+    for (; ow + P <= hi; ow += P) {
+      for (int64_t kh = kh0; kh < kh1; ++kh) {
+        scratch_.row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
+      }
+      dispatch_row_block<T>(g.KW, g.sw, at_px(ow), g.C, scratch_.row_ptr.data(), scratch_.wrow_ptr.data(), kh1 - kh0,
+                            Cp_, bp_);
+    }
+  }
+  for (; ow + 4 <= hi; ow += 4) {
+    int64_t t = 0;
+    for (int64_t kh = kh0; kh < kh1; ++kh) {
+      const T* xrow = xb + (oh * g.sh + kh * g.dh - g.pt) * g.W * g.C;
+      for (int64_t kw = 0; kw < g.KW; ++kw) scratch_.src[t++] = xrow + (ow * g.sw + kw * g.dw - g.pl) * g.C;
+    }
+    nhwc_block4<T>(at_px(ow), g.C, scratch_.src.data(), g.sw * g.C, nt_in, wrows, Cp_, bp_, g.C);
+  }
+  for (; ow < ow_end; ++ow) pixel(ow);
+}
+
+namespace {
+
+// ---- the kernels ---------------------------------------------------------------------------------
+
+template <typename T>
+void forward(const at::Tensor& x, const at::Tensor& wt, const at::Tensor& bt, at::Tensor& y,
+             const DepthwiseGeometry& g) {
+  using A = opmath_t<T>;
+  const T* xp = x.const_data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  const A* bp = bt.defined() ? bt.const_data_ptr<A>() : nullptr;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.OW * g.C));
+  at::parallel_for(0, g.N * g.OH, grain, [&](int64_t begin, int64_t end) {
+    NhwcForwardRow<T> row(g, wt.const_data_ptr<A>(), wt.size(1), bp);
+    for (int64_t r = begin; r < end; ++r) {
+      row.run(yp + r * g.OW * g.C, xp + (r / g.OH) * g.H * g.W * g.C, r % g.OH, 0, g.OW);
+    }
+  });
+}
+
+template <typename T>
+void backward_input(const at::Tensor& go, const at::Tensor& wt, at::Tensor& dx, const DepthwiseGeometry& g) {
+  using A = opmath_t<T>;
+  const int64_t Cp = wt.size(1);
+  const T* gp = go.const_data_ptr<T>();
+  T* dxp = dx.data_ptr<T>();
+  const A* wp = wt.const_data_ptr<A>();
+  std::vector<A> wflip;
+  if (g.sw == 1 && has_row_block(g.KW, 1, g.dw)) wflip = mirrored_weights(wp, g, Cp);
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.W * g.C));
+  at::parallel_for(0, g.N * g.H, grain, [&](int64_t begin, int64_t end) {
+    NhwcInputGradRow<T> row(g, wp, wflip.data(), Cp);
+    for (int64_t r = begin; r < end; ++r) row.run(dxp + r * g.W * g.C, gp + (r / g.H) * g.OH * g.OW * g.C, r % g.H);
+  });
+}
+
+template <typename T>
+at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const DepthwiseGeometry& g) {
+  using A = opmath_t<T>;
+  using V = at::vec::Vectorized<A>;
+  constexpr int64_t L = V::size();
+  const int64_t rows_per_item = wgrad_rows_per_item(g);
+  const int64_t total_rows = g.N * g.OH;
+  const int64_t items = div_up(total_rows, rows_per_item);
+  const int64_t Cp = round_up(g.C, L);
+  const int64_t taps = g.taps();
+  at::Tensor ws = at::empty({items, taps + 1, Cp}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
+  const T* xp = x.const_data_ptr<T>();
+  const T* gp = go.const_data_ptr<T>();
+  A* wsp = ws.data_ptr<A>();
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t r0 = item * rows_per_item, r1 = std::min(total_rows, r0 + rows_per_item);
+      A* out = wsp + item * (taps + 1) * Cp;
+      for (int64_t c = 0; c < g.C; c += L) {
+        const int64_t cnt = std::min(L, g.C - c);
+        auto load = [&](const T* ptr) { return cnt == L ? load_opmath<T>(ptr) : load_opmath<T>(ptr, cnt); };
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          for (int64_t k0 = 0; k0 < g.KW; k0 += kTapGroup) {
+            tap_group_partials<T>(out, Cp, gp, xp, g, r0, r1, c, kh, k0, load);
+          }
+        }
+        V bacc(A(0));
+        for (int64_t r = r0; r < r1; ++r) {
+          const T* grow = gp + r * g.OW * g.C + c;
+          for (int64_t ow = 0; ow < g.OW; ++ow) bacc = bacc + load(grow + ow * g.C);
+        }
+        bacc.store(out + taps * Cp + c);
+      }
+    }
+  });
+  return ws;
+}
+
+}  // namespace
+
+template <typename T>
+DepthwiseLayoutKernels<T> nhwc_kernels() {
+  return {&forward<T>, &backward_input<T>, &weight_partials<T>};
+}
+
+template DepthwiseLayoutKernels<float> nhwc_kernels<float>();
+template DepthwiseLayoutKernels<double> nhwc_kernels<double>();
+template DepthwiseLayoutKernels<c10::Half> nhwc_kernels<c10::Half>();
+template DepthwiseLayoutKernels<c10::BFloat16> nhwc_kernels<c10::BFloat16>();
+template class NhwcForwardRow<float>;
+template class NhwcForwardRow<double>;
+template class NhwcForwardRow<c10::Half>;
+template class NhwcForwardRow<c10::BFloat16>;
+
+}  // namespace fastops::cpu

@@ -1,0 +1,192 @@
+// Vector math of the CPU kernels, on at::vec (never include from .cu files).
+//
+// Every CPU op computes in opmath: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 (gradcheck).
+// fp16/bf16 are widened to fp32 vectors on load and narrowed on store (load_opmath, store_opmath,
+// convert_row, store_row). static_for unrolls register blocks at compile time. The ISA helpers are
+// one instruction where AVX2 / AVX-512 have it and plain at::vec arithmetic in the DEFAULT build:
+// fnmadd, abs_min, square_low (the exact low part of a square) and gauss, exp(-u^2/2) to full fp32
+// accuracy or to the ~1e-5 that fp16/bf16 outputs need.
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace fastops::cpu {
+
+template <typename T>
+inline constexpr bool is_reduced_float_v = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
+
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T>
+using OpmathVec = at::vec::Vectorized<opmath_t<T>>;
+
+template <typename T>
+constexpr int64_t opmath_vec_size() {
+  return OpmathVec<T>::size();
+}
+
+inline int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
+
+// f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
+// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
+template <int N, typename F>
+inline void static_for(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (f(std::integral_constant<int, I>{}), ...);
+  }(std::make_integer_sequence<int, N>{});
+}
+
+// ---- loads and stores in opmath ------------------------------------------------------------------
+
+template <typename T>
+inline OpmathVec<T> load_opmath(const T* p) {
+  if constexpr (is_reduced_float_v<T>) {
+    at::vec::Vectorized<float> v;
+    at::vec::load_to_float<T>(p, v);
+    return v;
+  } else {
+    return OpmathVec<T>::loadu(p);
+  }
+}
+
+template <typename T>
+inline OpmathVec<T> load_opmath(const T* p, int64_t count) {
+  if constexpr (is_reduced_float_v<T>) {
+    // A masked load of count <= 16 halves, widened; the upper half of the wide vector is unused.
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
+  } else {
+    return OpmathVec<T>::loadu(p, count);
+  }
+}
+
+template <typename T>
+inline void store_opmath(T* p, const OpmathVec<T>& v, int64_t count) {
+  if constexpr (is_reduced_float_v<T>) {
+    constexpr int64_t n = at::vec::Vectorized<float>::size();
+    at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
+  } else {
+    v.store(p, count);
+  }
+}
+
+// Converts n elements of T to A (the opmath type), vectorized.
+template <typename T, typename A>
+inline void convert_row(A* dst, const T* src, int64_t n) {
+  using V = at::vec::Vectorized<A>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) load_opmath<T>(src + i).store(dst + i);
+  for (; i < n; ++i) dst[i] = static_cast<A>(src[i]);
+}
+
+template <typename T, typename A>
+inline void store_row(T* dst, const A* src, int64_t n) {
+  using V = at::vec::Vectorized<A>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) store_opmath<T>(dst + i, V::loadu(src + i), V::size());
+  for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+// ---- fp32 ISA helpers ----------------------------------------------------------------------------
+
+using FVec = at::vec::Vectorized<float>;
+
+// at::vec::fmadd as a functor, for math written once for scalars and vectors (gelu_math::tail_poly).
+struct VecFma {
+  FVec operator()(const FVec& a, const FVec& b, const FVec& c) const { return at::vec::fmadd(a, b, c); }
+};
+
+// c - a*b in one instruction (at::vec's generic fnmadd is a multiply, a negation and an add).
+inline FVec fnmadd(const FVec& a, const FVec& b, const FVec& c) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_fnmadd_ps(a, b, c);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_fnmadd_ps(a, b, c);
+#else
+  return c - a * b;
+#endif
+}
+
+// min(|x|, c) for c > 0 (NaN stays NaN): one VRANGEPS on AVX-512 (absolute minimum, sign cleared).
+inline FVec abs_min(const FVec& x, const FVec& c) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_range_ps(x, c, 0x0A);
+#else
+  return at::vec::clamp_max(x.abs(), c);
+#endif
+}
+
+// lo = u*u - hi exactly, for hi = u*u rounded: one FMA where the ISA has one; otherwise (the
+// DEFAULT build, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
+// Veltkamp's split of u into 12 + 12 bits, exact in plain fp32 arithmetic.
+inline FVec square_low(const FVec& u, const FVec& hi) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmsub(u, u, hi);
+#else
+  const FVec c = u * FVec(4097.0f);
+  const FVec uh = c - (c - u);
+  const FVec ul = u - uh;
+  return ((uh * uh - hi) + FVec(2.0f) * uh * ul) + ul * ul;
+#endif
+}
+
+// Two accuracy levels of fp32 vector math. kFull: a few fp32 ulp (fp32 and fp64 outputs, and any
+// result that later cancels). kReduced: ~1e-5 relative, 200x below half an ulp of bf16 and 50x below
+// fp16's, so the rounded fp16/bf16 result is the correctly rounded one except within 1e-5 of a tie.
+enum class Accuracy { kFull, kReduced };
+
+template <typename T>
+constexpr Accuracy accuracy_for() {
+  return is_reduced_float_v<T> ? Accuracy::kReduced : Accuracy::kFull;
+}
+
+// exp(-(hi + lo) / 2) for hi = u*u rounded and lo = u*u - hi exactly, u in [0, 20] (beyond, the
+// result is 0 in fp32). kReduced: e^r of degree 4 (5.3e-6) and no low-part correction of u^2
+// (< 4e-6 at u = 10). AVX-512: our own exp, specialised to this argument: n = round(a / ln2) with
+// a = -hi/2 (exact), r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi is exact
+// for |n| <= 289), e^r = 1 + (r + r^2 P(r)) on |r| <= ln2/2 (P of degree 4: 1.1e-7 relative in fp32
+// arithmetic), and scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them,
+// so no range checks are needed. About 12 instructions against ~20 for Sleef's general expf plus
+// the lo correction. Elsewhere: Sleef's (or the scalar) expf, then a first-order lo correction.
+// Our own fits (weighted least squares towards minimax, float64).
+template <Accuracy kAcc>
+inline FVec gauss(const FVec& u) {
+  const FVec hi = u * u;
+  const FVec a = hi * FVec(-0.5f);
+#if defined(CPU_CAPABILITY_AVX512)
+  const FVec n(_mm512_roundscale_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  FVec r = fnmadd(n, FVec(0.693359375f), a);
+  r = fnmadd(n, FVec(-2.12194440e-4f), r);
+  FVec p;
+  if constexpr (kAcc == Accuracy::kFull) {
+    r = at::vec::fmadd(square_low(u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
+    p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
+    p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
+    p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
+    p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
+  } else {
+    p = at::vec::fmadd(FVec(4.1277728975e-02f), r, FVec(1.6753514111e-01f));
+    p = at::vec::fmadd(p, r, FVec(5.0005114079e-01f));
+  }
+  const FVec er = at::vec::fmadd(r * r, p, r) + FVec(1.0f);
+  return FVec(_mm512_scalef_ps(er, n));
+#else
+  const FVec e = a.exp();
+  if constexpr (kAcc == Accuracy::kFull) {
+    return at::vec::fmadd(e, square_low(u, hi) * FVec(-0.5f), e);
+  } else {
+    return e;
+  }
+#endif
+}
+
+}  // namespace fastops::cpu
