@@ -56,6 +56,9 @@ def base_parser(description: str, devices: Sequence[str] = ("cpu", "cuda")) -> a
         "--out", type=Path, default=RESULTS_DIR, help="directory for the CSV/markdown results"
     )
     parser.add_argument("--tag", default="", help="suffix for the result file names")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
+    )
     return parser
 
 
@@ -164,24 +167,6 @@ class Result:
     gbps: float
     roofline_pct: float
     extra: dict[str, float | str] = field(default_factory=dict)
-
-
-def measure(
-    op: str,
-    case: str,
-    direction: str,
-    dtype: torch.dtype,
-    size: str,
-    provider: str,
-    fn: Callable[[], object],
-    device: str,
-    nbytes: int,
-    roofline: float,
-    min_time: float,
-    **extra: float | str,
-) -> Result:
-    times = time_ms(fn, device, min_time=min_time)
-    return result_from_times(op, case, direction, dtype, size, provider, times, nbytes, roofline, **extra)
 
 
 def result_from_times(
@@ -345,13 +330,6 @@ def write_results(
     return csv_path, md_path
 
 
-def maybe_compile(fn: Callable, enabled: bool) -> Callable | None:
-    """torch.compile(fn) (default mode, static shapes) or None when disabled."""
-    if not enabled:
-        return None
-    return torch.compile(fn, dynamic=False)
-
-
 def compiled(fn: Callable) -> Callable:
     """The "compile" provider of fn: torch.compile, default mode, static shapes (compiles on first call)."""
     return torch.compile(fn, dynamic=False)
@@ -433,9 +411,6 @@ def run_benchmark(
     the run before the roofline is measured, and nothing is written. Returns the rows.
     """
     parser = base_parser(description, devices)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
-    )
     if options is not None:
         options(parser)
     parser.set_defaults(min_time=min_time)
