@@ -13,8 +13,9 @@ and writes y, dgrad reads g and writes dx, wgrad reads x and g (weights are negl
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,7 @@ def _eager_backward(
 
 
 def _providers(
-    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, stride: int, pad: int, compile_: bool
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor, stride: int, pad: int
 ) -> dict[str, dict[str, Callable[[], object]]]:
     """pass -> provider -> a no-argument callable running that pass."""
     c = w.shape[0]
@@ -90,11 +91,9 @@ def _providers(
         },
         "full": {"fastops": full(ours_fwd), "eager": full(eager_fwd)},
     }
-    if compile_:
-        compiled = common.maybe_compile(eager_fwd, True)
-        assert compiled is not None
-        out["fwd"]["compile"] = lambda: compiled(x, w, b)
-        out["full"]["compile"] = full(compiled)
+    compiled = common.compiled(eager_fwd)
+    out["fwd"]["compile"] = lambda: compiled(x, w, b)
+    out["full"]["compile"] = full(compiled)
     return out
 
 
@@ -102,7 +101,7 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def summary(results: list[common.Result]) -> str:
+def summary(args: argparse.Namespace, results: list[common.Result]) -> str:
     """Geomean speedup of fastops over eager (same layout), eager NCHW, eager channels_last and
     compile, per (dtype, layout, pass)."""
     times: dict[tuple[str, str, str, str], dict[str, float]] = {}
@@ -143,35 +142,19 @@ def summary(results: list[common.Result]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = common.base_parser(__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 32 CPU, 256 CUDA)")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's default)")
-    # Many shapes x layouts x passes x providers: 0.3 s of repetitions per case (at least 5 after
-    # 3 warm-ups) keeps the default run near 10 minutes on 2 cores, compile warm-ups included.
-    parser.set_defaults(min_time=0.3)
-    args = parser.parse_args()
+
+
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     device = args.device
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if device == "cpu" and not args.fresh_pages:
-        common.fair_cpu_allocation()
-    batch = args.batch or (32 if device == "cpu" else 256)
-    shapes = MOBILENET_V2 + CONVNEXT_ATTO
-    wanted = set(args.shapes.split(",")) if args.shapes else (set(QUICK) if args.quick else None)
-    if wanted:
-        shapes = [s for s in shapes if s[0] in wanted]
-    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
-    min_time = min(0.2, args.min_time) if args.quick else args.min_time
-    roofline = common.copy_roofline_gbps(device, min_time=min_time)
-    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
-
-    results: list[common.Result] = []
-    for dtype in dtypes:
+    batch = args.batch or (32 if device == "cpu" else 256)
+    shapes = common.select_shapes(MOBILENET_V2 + CONVNEXT_ATTO, args.shapes, QUICK if args.quick else None)
+    for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         for name, c, h, k, stride in shapes:
             pad = k // 2
             oh = (h + 2 * pad - k) // stride + 1
@@ -188,52 +171,47 @@ def main() -> None:
             for layout in ("nchw", "channels_last"):
                 fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
                 x, g = base_x.contiguous(memory_format=fmt), base_g.contiguous(memory_format=fmt)
-                providers = _providers(x, w, b, g, stride, pad, not args.no_compile)
+                providers = _providers(x, w, b, g, stride, pad)
                 for p in PASSES:
-                    for provider, fn in providers[p].items():
-                        grad_mode = torch.enable_grad() if p == "full" else torch.no_grad()
-                        with grad_mode:
-                            r = common.measure(
-                                "depthwise_conv2d",
-                                f"{name} {layout}",
-                                p,
-                                dtype,
-                                f"{batch}x{c}x{h}x{h} k{k} s{stride}",
-                                provider,
-                                fn,
-                                device,
-                                nbytes[p],
-                                roofline,
-                                min_time,
-                                layout=layout,
-                                shape=name,
-                            )
-                        r.extra["tflops"] = pass_flops[p] / (r.median_ms * 1e-3) / 1e12
-                        results.append(r)
-                        print(
-                            f"{r.dtype:8s} {name:16s} {layout:13s} {p:5s} {provider:8s} {r.median_ms:9.3f} ms "
-                            f"{r.gbps:7.1f} GB/s {r.extra['tflops']:.3f} TFLOP/s",
-                            flush=True,
-                        )
+                    yield common.BenchCase(
+                        f"{name} {layout}",
+                        p,
+                        dtype,
+                        f"{batch}x{c}x{h}x{h} k{k} s{stride}",
+                        providers[p],
+                        nbytes=nbytes[p],
+                        flops=pass_flops[p],
+                        grad=p == "full",
+                        extra={"layout": layout, "shape": name},
+                    )
+                del x, g, providers
             del base_x, base_g
 
-    table = summary(results)
-    notes = (
+
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    return (
         "Geomean speedup of fastops (higher is better; fastops runs in the layout of the row):\n\n"
-        + table
+        + summary(args, results)
         + "\n\nThe CPU is shared with other jobs (2 cores, other builds running), so times are noisy: "
         "medians with p20/p80 are reported. TFLOP/s is in the CSV (column tflops). "
         "Eager dgrad/wgrad = aten.convolution_backward with output_mask for that gradient only."
+        + common.allocation_note(args)
     )
-    if device == "cpu":
-        notes += " CPU allocations: " + (
-            "fresh pages (glibc default)" if args.fresh_pages else "glibc mmap disabled, freed blocks reused"
-        )
-    csv_path, md_path = common.write_results(
-        "depthwise_conv2d", device, results, roofline, args.out, args.tag, notes
+
+
+def main() -> None:
+    common.run_benchmark(
+        "depthwise_conv2d",
+        cases,
+        description=__doc__.splitlines()[0],
+        options=options,
+        notes=notes,
+        summary=summary,
+        # Many shapes x layouts x passes x providers: 0.3 s of repetitions per case (at least 5 after
+        # 3 warm-ups) keeps the default run near 10 minutes on 2 cores, compile warm-ups included.
+        min_time=0.3,
+        quick_min_time=0.2,
     )
-    print(table)
-    print(f"wrote {csv_path} and {md_path}")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ CPU only: the fused op has no CUDA kernel, so `--device cuda` is refused rather 
 
 from __future__ import annotations
 
+import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,8 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def summary(results: list[common.Result], batch: int) -> str:
+def summary(args: argparse.Namespace, results: list[common.Result]) -> str:
+    batch = args.batch
     times: dict[tuple[str, str], dict[str, float]] = {}
     for r in results:
         times.setdefault((r.direction, str(r.extra["shape"])), {})[r.provider] = r.median_ms
@@ -80,33 +82,14 @@ def summary(results: list[common.Result], batch: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = common.base_parser(__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's default)")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
-    parser.set_defaults(min_time=0.3, device="cpu")
-    args = parser.parse_args()
-    if args.device != "cpu":
-        # Running the CPU benchmark instead would record CPU numbers under a GPU run's name.
-        parser.error(
-            f"--device {args.device}: depthwise_separable_conv2d has a CPU kernel only (no CUDA benchmark)"
-        )
-    device = "cpu"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not args.fresh_pages:
-        common.fair_cpu_allocation()
-    shapes = SHAPES
-    wanted = set(args.shapes.split(",")) if args.shapes else (set(QUICK) if args.quick else None)
-    if wanted:
-        shapes = [s for s in shapes if s[0] in wanted]
-    min_time = min(0.2, args.min_time) if args.quick else args.min_time
-    roofline = common.copy_roofline_gbps(device, min_time=min_time)
-    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
+
+
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     dtype, k, batch = torch.float32, 3, args.batch
-    results: list[common.Result] = []
-    for name, c, h, cout, stride in shapes:
+    for name, c, h, cout, stride in common.select_shapes(SHAPES, args.shapes, QUICK if args.quick else None):
         pad = k // 2
         oh = (h + 2 * pad - k) // stride + 1
         item = 4
@@ -143,47 +126,36 @@ def main() -> None:
             return F.conv2d(F.conv2d(x, dw, db, stride, pad, 1, c), pw, pb)  # noqa: B023
 
         fns: dict[str, Callable] = {"fused": fused, "unfused": unfused, "eager": eager}
-        compiled = common.maybe_compile(eager, not args.no_compile)
-        if compiled is not None:
-            fns["compile"] = compiled
-        leaves = [t.detach().clone().requires_grad_(True) for t in (x, *params)]
+        if not args.no_compile:  # compiled for the check below, not only when timed
+            fns["compile"] = common.compiled(eager)
         ref = eager(x, *params)
-        for provider, fn in fns.items():
+        for fn in fns.values():
             torch.testing.assert_close(fn(x, *params), ref, rtol=1e-4, atol=1e-4)  # same math, every provider
-            for p in PASSES:
-                if p == "fwd":
-                    call = lambda fn=fn, x=x, params=params: fn(x, *params)  # noqa: E731
-                    mode = torch.no_grad()
-                else:
-                    call = lambda fn=fn, leaves=leaves, g=g: torch.autograd.grad(fn(*leaves), leaves, g)  # noqa: E731
-                    mode = torch.enable_grad()
-                with mode:
-                    r = common.measure(
-                        "depthwise_separable_conv2d",
-                        name,
-                        p,
-                        dtype,
-                        f"{batch}x{c}x{h}x{h} k{k} s{stride} -> {cout}",
-                        provider,
-                        call,
-                        device,
-                        nbytes[p],
-                        roofline,
-                        min_time,
-                        shape=name,
-                        intermediate_mb=f"{2 * z_bytes / 1e6:.1f}",
-                    )
-                r.extra["tflops"] = pass_flops[p] / (r.median_ms * 1e-3) / 1e12
-                results.append(r)
-                print(
-                    f"{name:22s} {p:5s} {provider:8s} {r.median_ms:9.3f} ms [{r.p20_ms:.3f}, {r.p80_ms:.3f}] "
-                    f"{r.gbps:7.1f} GB/s {r.extra['tflops']:.3f} TFLOP/s",
-                    flush=True,
-                )
-        del x, g, leaves
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, *params)]
+        calls = {
+            "fwd": {name: (lambda fn=fn, x=x, params=params: fn(x, *params)) for name, fn in fns.items()},
+            "full": {
+                name: (lambda fn=fn, leaves=leaves, g=g: torch.autograd.grad(fn(*leaves), leaves, g))
+                for name, fn in fns.items()
+            },
+        }
+        for p in PASSES:
+            yield common.BenchCase(
+                name,
+                p,
+                dtype,
+                f"{batch}x{c}x{h}x{h} k{k} s{stride} -> {cout}",
+                calls[p],
+                nbytes=nbytes[p],
+                flops=pass_flops[p],
+                grad=p == "full",
+                extra={"shape": name, "intermediate_mb": f"{2 * z_bytes / 1e6:.1f}"},
+            )
+        del x, g, params, leaves, calls, ref
 
-    table = summary(results, batch)
-    notes = (
+
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    return (
         "**Prediction** (napkin math before the full run): the fused forward saves the depthwise "
         "output z, written and read back by the unfused pair: 2*N*OH*OW*C*4 bytes (column 'z MB saved'). "
         "If both were bound by memory bandwidth the forward speedup over the unfused pair would be at most "
@@ -195,15 +167,25 @@ def main() -> None:
         "**Result**: see the table; ratios are provider time / fused time (higher = fused faster); fp32, channels_last, batch "
         f"{args.batch}, 3x3 depthwise. GB/s counts the fused op's minimal bytes (read x, write y) for every "
         "provider; intermediate_mb in the CSV is what the unfused pair additionally writes and reads.\n\n"
-        + table
+        + summary(args, results)
         + "\n\nThe CPU is shared with other jobs (2 cores, other builds and a CI run), so times are noisy: "
         "medians with p20/p80 are reported."
     )
-    csv_path, md_path = common.write_results(
-        "depthwise_separable_conv2d", device, results, roofline, args.out, args.tag, notes
+
+
+def main() -> None:
+    # CPU only: the fused op has no CUDA kernel, so the runner refuses --device cuda.
+    common.run_benchmark(
+        "depthwise_separable_conv2d",
+        cases,
+        description=__doc__.splitlines()[0],
+        options=options,
+        notes=notes,
+        summary=summary,
+        devices=("cpu",),
+        min_time=0.3,
+        quick_min_time=0.2,
     )
-    print(table)
-    print(f"wrote {csv_path} and {md_path}")
 
 
 if __name__ == "__main__":

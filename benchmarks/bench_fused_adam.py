@@ -11,7 +11,8 @@ timed call is one opt.step(). Bytes counted: the minimal traffic of AdamW, 7 x i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import argparse
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -68,57 +69,39 @@ PROVIDERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
 }
 
 
-def main() -> None:
-    parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    args = parser.parse_args()
-    device = args.device
-    if device == "cpu" and not args.fresh_pages:
-        common.fair_cpu_allocation()
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     dtype = getattr(torch, args.dtype)
-    min_time = 0.3 if args.quick else args.min_time
-    roofline = common.copy_roofline_gbps(device, min_time=min_time)
-    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
-
     huge = (1 << 24) if args.quick else (1 << 26)
-    cases = {
+    param_lists = {
         "gpt2-small": gpt2_small_shapes(layers=2 if args.quick else 12),
         "resnet50": resnet50_shapes(),
         "one-tensor": [(huge,)],
     }
-    results: list[common.Result] = []
-    for case, shapes in cases.items():
+    for case, shapes in param_lists.items():
         n = numel(shapes)
         size = f"{n / 1e6:.1f}M params / {len(shapes)} tensors"
         nbytes = 7 * n * torch.empty((), dtype=dtype).element_size()
         # One set of params and grads shared by every provider (each has its own optimizer state):
         # the work per step does not depend on the values, and memory stays at 1 + providers copies.
-        params = make_params(shapes, device, dtype)
+        # The runner's warm-up creates each optimizer's state (and compiles).
+        params = make_params(shapes, args.device, dtype)
         steps: dict[str, Callable[[], object]] = {name: f(params).step for name, f in PROVIDERS.items()}
-        if not args.no_compile:
-            steps["compile"] = torch.compile(PROVIDERS["torch_foreach"](params).step)
-        # Warm-up creates each optimizer's state (and compiles).
-        times = common.interleaved_times(steps, device, min_time, warmup=2, min_reps=7, max_reps=200)
-        for name, t in times.items():
-            result = common.result_from_times(
-                "fused_adam", case, "step", dtype, size, name, t, nbytes, roofline, reps=len(t)
-            )
-            results.append(result)
-            print(
-                f"{case:10s} {name:14s} {result.median_ms:10.3f} ms  p20 {result.p20_ms:9.3f}  "
-                f"p80 {result.p80_ms:9.3f}  {result.gbps:6.1f} GB/s",
-                flush=True,
-            )
+        steps["compile"] = torch.compile(PROVIDERS["torch_foreach"](params).step)
+        yield common.BenchCase(
+            case, "step", dtype, size, steps, nbytes=nbytes, derived=lambda t: {"reps": len(t)}
+        )
         del params, steps
         torch._dynamo.reset()
 
-    notes = (
+
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    text = (
         "AdamW(lr=1e-3, weight_decay=1e-2), one opt.step() timed; bytes = 7 x itemsize per param. "
         "compile = torch.compile(torch.optim.AdamW(foreach=True).step). Providers are timed in rounds "
         "(one step of each per round) on one shared set of params and grads. "
     )
-    if device == "cpu":
-        notes += (
+    if args.device == "cpu":
+        text += (
             "% roofline can pass 100% on the CPU: the copy that sets the roofline pays a write-allocate "
             "read of its destination that the byte count does not show, while Adam writes only lines it "
             "has just read (params and moments are updated in place). Providers run interleaved, so "
@@ -127,11 +110,22 @@ def main() -> None:
             "fastops runs one region per dtype over all tensors, so on a busy machine torch_fused falls "
             "behind by a multiple, on an idle one by ~10%. "
         )
-    csv_path, md_path = common.write_results(
-        "fused_adam", device, results, roofline, args.out, args.tag, notes
+    return text
+
+
+def main() -> None:
+    common.run_benchmark(
+        "fused_adam",
+        cases,
+        description=__doc__.splitlines()[0],
+        options=lambda parser: parser.add_argument(
+            "--dtype", default="float32", choices=["float32", "bfloat16"]
+        ),
+        notes=notes,
+        warmup=2,
+        min_reps=7,
+        max_reps=200,
     )
-    print(common.format_table(results, roofline))
-    print(f"wrote {csv_path} and {md_path}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,10 @@ back; grad_bias re-reads grad_x).
 
 from __future__ import annotations
 
+import argparse
+import math
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -24,25 +28,6 @@ import fastops
 from benchmarks import common
 
 OP = "gelu"
-
-
-def measure_group(
-    case: str,
-    direction: str,
-    dtype: torch.dtype,
-    size: str,
-    fns: dict,
-    device: str,
-    nbytes: int,
-    roofline: float,
-    min_time: float,
-) -> list[common.Result]:
-    """Like common.measure, for all providers of one case at once, interleaved (common.interleaved_times)."""
-    times = common.interleaved_times(fns, device, min_time, warmup=3, min_reps=5, max_reps=1000)
-    return [
-        common.result_from_times(OP, case, direction, dtype, size, name, ts, nbytes, roofline)
-        for name, ts in times.items()
-    ]
 
 
 def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):  # noqa: ANN001, ANN202
@@ -58,17 +43,8 @@ def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):  # noq
     return run
 
 
-def _print(group: list[common.Result]) -> None:
-    for r in group:
-        extra = f"  activation share {r.extra['activation_share_pct']}%" if r.extra else ""
-        print(
-            f"{r.case:14s} {r.direction:7s} {r.dtype:8s} {r.size:>9s} {r.provider:8s} {r.median_ms:9.3f} ms{extra}",
-            flush=True,
-        )
-
-
-def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[common.Result]:  # noqa: ANN001
-    results: list[common.Result] = []
+def gelu_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
+    device = args.device
     if args.quick:
         sizes = [(1 << 20,), (4096, 4096)]
     elif device == "cuda":  # large enough to reach the copy roofline
@@ -90,38 +66,28 @@ def gelu_cases(args, device: str, roofline: float, min_time: float) -> list[comm
         def ours_bwd(g: torch.Tensor, t: torch.Tensor, a: str = approximate) -> torch.Tensor:
             return torch.ops.fastops.gelu_backward(g, t, a)
 
-        providers = {"fastops": (ours, ours_bwd), "eager": (eager, eager_bwd)}
-        if not args.no_compile:
-            providers["compile"] = (common.maybe_compile(eager, True), common.maybe_compile(eager_bwd, True))
+        providers = {
+            "fastops": (ours, ours_bwd),
+            "eager": (eager, eager_bwd),
+            "compile": (common.compiled(eager), common.compiled(eager_bwd)),
+        }
         for dtype in (torch.float32, torch.bfloat16):
             for shape in sizes:
-                n = 1
-                for s in shape:
-                    n *= s
+                n = math.prod(shape)
                 size = "x".join(str(s) for s in shape)
                 x = (torch.randn(shape, device=device) * 2).to(dtype)
                 g = torch.randn(shape, device=device).to(dtype)
                 item = x.element_size()
-                with torch.no_grad():
-                    fwd_fns = {name: (lambda f=f, x=x: f(x)) for name, (f, _) in providers.items()}
-                    bwd_fns = {name: (lambda b=b, g=g, x=x: b(g, x)) for name, (_, b) in providers.items()}
-                    group = measure_group(
-                        case, "fwd", dtype, size, fwd_fns, device, 2 * n * item, roofline, min_time
-                    )
-                    group += measure_group(
-                        case, "bwd", dtype, size, bwd_fns, device, 3 * n * item, roofline, min_time
-                    )
+                fwd_fns = {name: (lambda f=f, x=x: f(x)) for name, (f, _) in providers.items()}
+                yield common.BenchCase(case, "fwd", dtype, size, fwd_fns, nbytes=2 * n * item, grad=False)
+                bwd_fns = {name: (lambda b=b, g=g, x=x: b(g, x)) for name, (_, b) in providers.items()}
+                yield common.BenchCase(case, "bwd", dtype, size, bwd_fns, nbytes=3 * n * item, grad=False)
                 fb_fns = {name: _grad_input(f, x, g) for name, (f, _) in providers.items()}
-                group += measure_group(
-                    case, "fwd+bwd", dtype, size, fb_fns, device, 5 * n * item, roofline, min_time
-                )
-                results += group
-                _print(group)
-    return results
+                yield common.BenchCase(case, "fwd+bwd", dtype, size, fb_fns, nbytes=5 * n * item)
 
 
-def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list[common.Result]:  # noqa: ANN001
-    results: list[common.Result] = []
+def bias_gelu_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
+    device = args.device
     big = [(16384, 4096)] if device == "cuda" and not args.quick else []
     shapes = {
         "none": [(4096, 4096)] if args.quick else [(1024, 4096), (4096, 4096), *big],
@@ -142,16 +108,13 @@ def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list
             dx = torch.ops.aten.gelu_backward(g, h, approximate=a)
             return dx, dx.sum(0)
 
-        providers = {"fastops": ours, "eager": eager}
-        if not args.no_compile:
-            providers["compile"] = common.maybe_compile(eager, True)
+        providers = {"fastops": ours, "eager": eager, "compile": common.compiled(eager)}
+        compiled_bwd = common.compiled(eager_bwd)
         bwd_providers = {
             "fastops": lambda g, x, b, h, a=approximate: torch.ops.fastops.bias_gelu_backward(g, x, b, a),
             "eager": lambda g, x, b, h: eager_bwd(g, h),
+            "compile": lambda g, x, b, h, c=compiled_bwd: c(g, h),
         }
-        if not args.no_compile:
-            compiled_bwd = common.maybe_compile(eager_bwd, True)
-            bwd_providers["compile"] = lambda g, x, b, h, c=compiled_bwd: c(g, h)
         for dtype in (torch.float32, torch.bfloat16):
             for rows, cols in shape_list:
                 n = rows * cols
@@ -161,30 +124,20 @@ def bias_gelu_cases(args, device: str, roofline: float, min_time: float) -> list
                 g = torch.randn(rows, cols, device=device).to(dtype)
                 h = x + b
                 item = x.element_size()
-                with torch.no_grad():
-                    fwd_fns = {name: (lambda f=f, x=x, b=b: f(x, b)) for name, f in providers.items()}
-                    bwd_fns = {
-                        name: (lambda f=f, g=g, x=x, b=b, h=h: f(g, x, b, h))
-                        for name, f in bwd_providers.items()
-                    }
-                    group = measure_group(
-                        case, "fwd", dtype, size, fwd_fns, device, 2 * n * item, roofline, min_time
-                    )
-                    group += measure_group(
-                        case, "bwd", dtype, size, bwd_fns, device, 3 * n * item, roofline, min_time
-                    )
+                fwd_fns = {name: (lambda f=f, x=x, b=b: f(x, b)) for name, f in providers.items()}
+                yield common.BenchCase(case, "fwd", dtype, size, fwd_fns, nbytes=2 * n * item, grad=False)
+                bwd_fns = {
+                    name: (lambda f=f, g=g, x=x, b=b, h=h: f(g, x, b, h)) for name, f in bwd_providers.items()
+                }
+                yield common.BenchCase(case, "bwd", dtype, size, bwd_fns, nbytes=3 * n * item, grad=False)
                 fb_fns = {name: _grad_input(f, x, g, (b,)) for name, f in providers.items()}
-                group += measure_group(
-                    case, "fwd+bwd", dtype, size, fb_fns, device, 5 * n * item, roofline, min_time
-                )
-                results += group
-                _print(group)
-    return results
+                yield common.BenchCase(case, "fwd+bwd", dtype, size, fb_fns, nbytes=5 * n * item)
 
 
-def mlp_cases(args, device: str, roofline: float, min_time: float) -> list[common.Result]:  # noqa: ANN001
-    """Linear(d, 4d) -> GELU -> Linear(4d, d), forward + backward, with the activation's share."""
-    results: list[common.Result] = []
+def mlp_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
+    """Linear(d, 4d) -> GELU -> Linear(4d, d), forward + backward; then the activation alone at the
+    hidden shape, which `activation_share` folds into the mlp rows."""
+    device = args.device
     tokens, d = (512, 512) if device == "cpu" else (8192, 2048)
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
@@ -197,16 +150,7 @@ def mlp_cases(args, device: str, roofline: float, min_time: float) -> list[commo
         g_hidden = torch.randn_like(hidden)
         bias = seq[0].bias.detach()
         pre = (hidden - bias).contiguous()  # what LinearGELU's matmul produces (no bias)
-        blocks = {"fastops": fused, "eager": seq}
-        activation = {
-            "fastops": _grad_input(lambda t, b: fastops.bias_gelu(t, b), pre, g_hidden, (bias,)),
-            "eager": _grad_input(lambda t, b: F.gelu(t + b), pre, g_hidden, (bias,)),
-        }
-        if not args.no_compile:
-            blocks["compile"] = torch.compile(seq, dynamic=False)
-            compiled_act = common.maybe_compile(lambda t, b: F.gelu(t + b), True)
-            activation["compile"] = _grad_input(compiled_act, pre, g_hidden, (bias,))
-        size = f"{tokens}x{d}"
+        blocks = {"fastops": fused, "eager": seq, "compile": torch.compile(seq, dynamic=False)}
         steps = {}
         for name, block in blocks.items():
             xi = x.detach().clone().requires_grad_(True)
@@ -215,16 +159,36 @@ def mlp_cases(args, device: str, roofline: float, min_time: float) -> list[commo
                 return torch.autograd.grad(block(xi), [xi, *block.parameters()], g)
 
             steps[name] = step
-        group = measure_group("mlp", "fwd+bwd", dtype, size, steps, device, 0, roofline, min_time)
-        acts = measure_group(
-            "mlp_activation", "fwd+bwd", dtype, f"{tokens}x{4 * d}", activation, device, 0, roofline, min_time
-        )
-        for r, act in zip(group, acts, strict=True):
+        yield common.BenchCase("mlp", "fwd+bwd", dtype, f"{tokens}x{d}", steps)
+        compiled_act = common.compiled(lambda t, b: F.gelu(t + b))
+        activation = {
+            "fastops": _grad_input(lambda t, b: fastops.bias_gelu(t, b), pre, g_hidden, (bias,)),
+            "eager": _grad_input(lambda t, b: F.gelu(t + b), pre, g_hidden, (bias,)),
+            "compile": _grad_input(compiled_act, pre, g_hidden, (bias,)),
+        }
+        yield common.BenchCase("mlp_activation", "fwd+bwd", dtype, f"{tokens}x{4 * d}", activation)
+
+
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
+    # One compiled function per (form, direction) sees every size x dtype x grad mode: let it keep
+    # them all rather than fall back to eager after the default 8 recompiles.
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    yield from gelu_cases(args)
+    yield from bias_gelu_cases(args)
+    yield from mlp_cases(args)
+
+
+def activation_share(results: list[common.Result]) -> list[common.Result]:
+    """The mlp rows gain the activation's time (forward + backward alone, at the hidden shape) and
+    its share of the block; the activation's own rows are not kept."""
+    acts = {(r.dtype, r.provider): r for r in results if r.case == "mlp_activation"}
+    for r in results:
+        if r.case == "mlp":
+            act = acts[(r.dtype, r.provider)]
             r.extra["activation_ms"] = round(act.median_ms, 4)
             r.extra["activation_share_pct"] = round(100 * act.median_ms / r.median_ms, 1)
-        results += group
-        _print(group)
-    return results
+    return [r for r in results if r.case != "mlp_activation"]
 
 
 # Why the numbers are what they are (CPU, AVX-512); kept with the results. Development measurements:
@@ -251,41 +215,16 @@ re-reads grad_x for grad_bias); we form it in registers and reduce grad_bias in 
 """
 
 
-def main() -> None:
-    parser = common.base_parser(__doc__.splitlines()[0])
-    parser.add_argument(
-        "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
-    )
-    args = parser.parse_args()
-    device = args.device
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    if device == "cpu" and not args.fresh_pages:
-        common.fair_cpu_allocation()
-    min_time = 0.3 if args.quick else args.min_time
-    # One compiled function per (form, direction) sees every size x dtype x grad mode: let it keep
-    # them all rather than fall back to eager after the default 8 recompiles.
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
-    roofline = common.copy_roofline_gbps(device, min_time=min_time)
-    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
-    results = gelu_cases(args, device, roofline, min_time)
-    results += bias_gelu_cases(args, device, roofline, min_time)
-    results += mlp_cases(args, device, roofline, min_time)
-    notes = (
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    text = (
         "Bytes: fwd 2, bwd 3, fwd+bwd 5 x itemsize per activation element (bias terms are O(features)). "
         "bwd rows time the backward kernels alone (eager: aten.gelu_backward on the saved x + bias, then "
         "grad_x.sum(0) for grad_bias). mlp rows: Linear(d, 4d) -> GELU -> Linear(4d, d) forward + backward; "
         "activation_ms / activation_share_pct time the activation (forward + backward) alone at the hidden shape."
     )
-    if device == "cpu":
-        notes += (
-            " CPU allocations: "
-            + (
-                "fresh pages (glibc default)"
-                if args.fresh_pages
-                else "glibc mmap disabled, freed blocks reused"
-            )
+    if args.device == "cpu":
+        text += (
+            common.allocation_note(args)
             + f", {torch.get_num_threads()} torch thread(s)"
             + ". The CPU (2 cores) is shared with other jobs while this runs: expect noise of 10-30%; every "
             "case times its providers interleaved, call by call, so load falls on all of them alike; calls "
@@ -293,10 +232,11 @@ def main() -> None:
             "inflates a slower provider's median more than a faster one's: read medians with p20/p80.\n"
             + CPU_ANALYSIS
         )
-    table = common.format_table(results, roofline)
-    csv_path, md_path = common.write_results(OP, device, results, roofline, args.out, args.tag, notes)
-    print(table)
-    print(f"wrote {csv_path} and {md_path}")
+    return text
+
+
+def main() -> None:
+    common.run_benchmark(OP, cases, description=__doc__.splitlines()[0], notes=notes, finish=activation_share)
 
 
 if __name__ == "__main__":

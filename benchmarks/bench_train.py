@@ -14,6 +14,9 @@ time of one step goes, per op, for both providers.
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator
+
 import torch
 
 from benchmarks import common
@@ -89,19 +92,17 @@ def profile_step(step, device: str, title: str) -> None:  # noqa: ANN001
     print(prof.key_averages().table(sort_by=sort, row_limit=18, max_name_column_width=48))
 
 
-def main() -> None:
-    parser = common.base_parser(__doc__.splitlines()[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=None)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
     parser.add_argument("--profile", action="store_true", help="print per-op profiles (eager) and exit")
-    args = parser.parse_args()
+
+
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     device = args.device
-    if device == "cpu" and not args.fresh_pages:
-        common.fair_cpu_allocation()
     configs = args.config or (["digits", "synthetic224"] if device == "cuda" else ["digits"])
     memory_format = torch.channels_last  # the trainer's default on every device
-
-    if args.profile:
+    if args.profile:  # prints instead of timing: no cases
         for config in configs:
             for provider in ("stock", "fastops"):
                 profile_step(
@@ -110,56 +111,48 @@ def main() -> None:
                     f"{config} {provider}",
                 )
         return
-
-    min_time = 1.0 if args.quick else max(args.min_time, 3.0)
-    roofline = common.copy_roofline_gbps(device, min_time=0.3)
-    results: list[common.Result] = []
     modes = ["eager"] + ([] if args.no_compile else ["compile"])
     dtype = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     for config in configs:
         batch = CONFIGS[config]["batch_size"]
         for mode in modes:
-            # Interleave the providers, twice, and keep each one's better run: the CPU here is
-            # shared, so a burst of load from elsewhere should not land on one provider only.
-            best: dict[str, common.Result] = {}
             steps = {
                 p: make_step(p, config, device, mode == "compile", args.amp, memory_format)
                 for p in ("fastops", "stock")
             }
-            for _ in range(2):
-                for provider, step in steps.items():
-                    r = common.measure(
-                        "train", f"{config} {mode}", "step", dtype, f"batch {batch}", provider, step,
-                        device, 0, roofline, min_time,
-                    )  # fmt: skip
-                    r.extra = {"steps_per_s": 1e3 / r.median_ms, "samples_per_s": batch * 1e3 / r.median_ms}
-                    if provider not in best or r.median_ms < best[provider].median_ms:
-                        best[provider] = r
-            for provider in ("fastops", "stock"):
-                r = best[provider]
-                results.append(r)
-                print(
-                    f"{config:13s} {mode:8s} {provider:8s} {r.median_ms:8.2f} ms/step "
-                    f"({r.extra['steps_per_s']:.1f} steps/s)  p20 {r.p20_ms:.2f}  p80 {r.p80_ms:.2f}",
-                    flush=True,
-                )
-            print(
-                f"  fastops / stock: {best['stock'].median_ms / best['fastops'].median_ms:.2f}x steps/s",
-                flush=True,
-            )
 
-    notes = (
+            def rates(times: list[float], batch: int = batch) -> dict[str, float | str]:
+                median = common.quantiles(times)[0]
+                return {"steps_per_s": 1e3 / median, "samples_per_s": batch * 1e3 / median}
+
+            yield common.BenchCase(f"{config} {mode}", "step", dtype, f"batch {batch}", steps, derived=rates)
+            del steps
+
+
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    return (
         "One timed call = one optimizer step of fastops.train.train_step (zero_grad, forward, loss, "
         "backward, clip, optimizer step). 'fastops speedup' = stock median / fastops median, i.e. the "
-        "steps/s ratio. Each provider was measured twice, interleaved, and the better run kept. "
+        "steps/s ratio. The providers were timed interleaved, one step of each per round. "
         + (
             "CPU numbers come from a 2-core machine shared with other jobs: expect noise of 10-20%."
-            if device == "cpu"
+            if args.device == "cpu"
             else ""
         )
     )
-    csv_path, md_path = common.write_results("train", device, results, roofline, args.out, args.tag, notes)
-    print(f"wrote {csv_path} and {md_path}")
+
+
+def main() -> None:
+    # Whole training steps: at least 3 s of them per provider (1 s under --quick).
+    common.run_benchmark(
+        "train",
+        cases,
+        description=__doc__.splitlines()[0],
+        options=options,
+        notes=notes,
+        min_time=3.0,
+        quick_min_time=1.0,
+    )
 
 
 if __name__ == "__main__":

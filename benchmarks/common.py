@@ -1,10 +1,15 @@
-"""Shared benchmark harness: timing, a copy roofline, environment capture and result files.
+"""Shared benchmark harness: one runner, timing, a copy roofline, environment capture and result files.
 
-Every bench_<op>.py builds a list of `Case`s (one op, size, dtype, direction and provider each),
-times them with `measure`, and writes them with `write_results`. Timings are medians with p20/p80
-over repetitions after warm-up; GPU times come from CUDA events. Achieved bandwidth is the op's
-minimal byte count (each input read once, each output written once) divided by the median time, and
-is shown against the copy bandwidth measured in the same run (`copy_roofline_gbps`).
+A bench_<op>.py declares its cases and hands them to `run_benchmark`: a generator of `BenchCase`s
+(one case, direction, dtype and size each, with the op's byte and FLOP counts and a callable per
+provider), plus optionally its own command-line options, notes and summary. The runner does the
+rest: arguments, CPU allocation fairness, the copy roofline, timing every case with its providers
+interleaved, the Result rows, the printed table and the CSV/markdown files with the environment.
+
+Timings are medians with p20/p80 over repetitions after warm-up; GPU times come from CUDA events.
+Achieved bandwidth is the op's minimal byte count (each input read once, each output written once)
+divided by the median time, and is shown against the copy bandwidth measured in the same run
+(`copy_roofline_gbps`); a case that counts FLOPs also gets TFLOP/s (column tflops).
 
 Allocation effects on the CPU: glibc hands allocations above its mmap threshold (32 MiB here, after
 its dynamic adjustment) straight to the kernel, so every fresh large output page-faults on first
@@ -26,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,11 +41,11 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def base_parser(description: str) -> argparse.ArgumentParser:
+def base_parser(description: str, devices: Sequence[str] = ("cpu", "cuda")) -> argparse.ArgumentParser:
+    """The options every benchmark takes; `devices` are the ones its op has kernels for."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(
-        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
-    )
+    default_device = "cuda" if torch.cuda.is_available() and "cuda" in devices else devices[0]
+    parser.add_argument("--device", default=default_device, choices=["cpu", "cuda"])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (smoke run)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile provider")
     parser.add_argument(
@@ -51,6 +56,9 @@ def base_parser(description: str) -> argparse.ArgumentParser:
         "--out", type=Path, default=RESULTS_DIR, help="directory for the CSV/markdown results"
     )
     parser.add_argument("--tag", default="", help="suffix for the result file names")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
+    )
     return parser
 
 
@@ -159,24 +167,6 @@ class Result:
     gbps: float
     roofline_pct: float
     extra: dict[str, float | str] = field(default_factory=dict)
-
-
-def measure(
-    op: str,
-    case: str,
-    direction: str,
-    dtype: torch.dtype,
-    size: str,
-    provider: str,
-    fn: Callable[[], object],
-    device: str,
-    nbytes: int,
-    roofline: float,
-    min_time: float,
-    **extra: float | str,
-) -> Result:
-    times = time_ms(fn, device, min_time=min_time)
-    return result_from_times(op, case, direction, dtype, size, provider, times, nbytes, roofline, **extra)
 
 
 def result_from_times(
@@ -340,10 +330,8 @@ def write_results(
     return csv_path, md_path
 
 
-def maybe_compile(fn: Callable, enabled: bool) -> Callable | None:
-    """torch.compile(fn) (default mode, static shapes) or None when disabled."""
-    if not enabled:
-        return None
+def compiled(fn: Callable) -> Callable:
+    """The "compile" provider of fn: torch.compile, default mode, static shapes (compiles on first call)."""
     return torch.compile(fn, dynamic=False)
 
 
@@ -352,3 +340,149 @@ def human_size(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale}{unit}"
     return str(n)
+
+
+def allocation_note(args: argparse.Namespace) -> str:
+    """The sentence a CPU run's notes carry about its allocations (empty on the GPU)."""
+    if args.device != "cpu":
+        return ""
+    how = "fresh pages (glibc default)" if args.fresh_pages else "glibc mmap disabled, freed blocks reused"
+    return f" CPU allocations: {how}"
+
+
+def select_shapes(shapes: Sequence[tuple], names: str, quick: Sequence[str] | None = None) -> list[tuple]:
+    """The shapes (tuples whose first item is the case name) that --shapes names, else the quick set
+    under --quick, else all."""
+    wanted = set(names.split(",")) if names else (set(quick) if quick else None)
+    return [s for s in shapes if s[0] in wanted] if wanted else list(shapes)
+
+
+@dataclass
+class BenchCase:
+    """One row group: a case at one direction, dtype and size, timed for every provider.
+
+    providers maps a provider name to a no-argument callable running the timed work once; a
+    provider named "compile" is left out under --no-compile. nbytes is the op's minimal byte count
+    (GB/s and % roofline; 0 where bandwidth means nothing); flops > 0 adds a tflops column. grad=False
+    times under torch.no_grad() (forward-only passes and explicit backward kernels). extra holds
+    constant CSV columns of every row; derived(times) columns computed from a provider's per-call
+    times in ms.
+    """
+
+    case: str
+    direction: str
+    dtype: torch.dtype
+    size: str
+    providers: dict[str, Callable[[], object]]
+    nbytes: int = 0
+    flops: int = 0
+    grad: bool = True
+    extra: dict[str, float | str] = field(default_factory=dict)
+    derived: Callable[[list[float]], dict[str, float | str]] | None = None
+
+
+def run_benchmark(
+    op: str,
+    cases: Callable[[argparse.Namespace], Iterable[BenchCase]],
+    *,
+    description: str,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
+    notes: Callable[[argparse.Namespace, list[Result]], str] | None = None,
+    summary: Callable[[argparse.Namespace, list[Result]], str] | None = None,
+    finish: Callable[[list[Result]], list[Result]] | None = None,
+    devices: Sequence[str] = ("cpu", "cuda"),
+    min_time: float = 1.0,
+    quick_min_time: float = 0.3,
+    warmup: int = 3,
+    min_reps: int = 5,
+    max_reps: int = 1000,
+    argv: Sequence[str] | None = None,
+) -> list[Result]:
+    """Parses the command line, times every case that cases(args) yields and writes <op>_<device>.
+
+    cases is a generator over the parsed arguments (args.device, args.quick and the bench's own
+    options): it allocates a case's tensors just before yielding it and drops them once the cases
+    that use them are done, so the inputs of one size at a time are alive. options adds the bench's own arguments to the parser;
+    min_time is the default of --min-time, and --quick caps it at quick_min_time. Each case times
+    its providers interleaved, call by call (interleaved_times with warmup / min_reps / max_reps).
+    finish may rewrite the rows before they are printed and written; notes(args, rows) is the
+    markdown's text; summary(args, rows), when given, is printed at the end instead of the full
+    table. A cases generator that yields nothing (a mode that prints instead, e.g. a profile) ends
+    the run before the roofline is measured, and nothing is written. Returns the rows.
+    """
+    parser = base_parser(description, devices)
+    if options is not None:
+        options(parser)
+    parser.set_defaults(min_time=min_time)
+    args = parser.parse_args(argv)
+    if args.device not in devices:
+        # Running on another device instead would record its numbers under this device's name.
+        parser.error(
+            f"--device {args.device}: {op} has a {'/'.join(d.upper() for d in devices)} kernel only "
+            f"(no {args.device.upper()} benchmark)"
+        )
+    device = args.device
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if device == "cpu" and not args.fresh_pages:
+        fair_cpu_allocation()
+    seconds = min(quick_min_time, args.min_time) if args.quick else args.min_time
+
+    pending = iter(cases(args))
+    case = next(pending, None)
+    if case is None:
+        return []
+    roofline = copy_roofline_gbps(device, min_time=seconds)
+    print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
+    results: list[Result] = []
+    while case is not None:
+        providers = {
+            name: fn for name, fn in case.providers.items() if not (name == "compile" and args.no_compile)
+        }
+        with torch.set_grad_enabled(case.grad):
+            times = interleaved_times(
+                providers, device, seconds, warmup=warmup, min_reps=min_reps, max_reps=max_reps
+            )
+        group = [_result(op, case, name, ts, roofline) for name, ts in times.items()]
+        _print_group(group)
+        results += group
+        # Drop this case's tensors before the generator allocates the next one's.
+        del case, providers, times
+        case = next(pending, None)
+
+    if finish is not None:
+        results = finish(results)
+    text = notes(args, results) if notes is not None else ""
+    csv_path, md_path = write_results(op, device, results, roofline, args.out, args.tag, text)
+    print(summary(args, results) if summary is not None else format_table(results, roofline))
+    print(f"wrote {csv_path} and {md_path}")
+    return results
+
+
+def _result(op: str, case: BenchCase, provider: str, times: list[float], roofline: float) -> Result:
+    extra = dict(case.extra)
+    if case.derived is not None:
+        extra.update(case.derived(times))
+    r = result_from_times(
+        op, case.case, case.direction, case.dtype, case.size, provider, times, case.nbytes, roofline, **extra
+    )
+    if case.flops:
+        r.extra["tflops"] = case.flops / (r.median_ms * 1e-3) / 1e12
+    return r
+
+
+def _print_group(group: Sequence[Result]) -> None:
+    """One line per provider, with its time as a multiple of the first provider's (ours)."""
+    first = group[0]
+    for r in group:
+        line = (
+            f"{r.case:24s} {r.direction:7s} {r.dtype:8s} {r.size:>14s} {r.provider:13s} {r.median_ms:10.4f} ms "
+            f"[{r.p20_ms:.4f}, {r.p80_ms:.4f}]"
+        )
+        if r.bytes:
+            line += f" {r.gbps:7.1f} GB/s"
+        if "tflops" in r.extra:
+            line += f" {float(r.extra['tflops']):.3f} TFLOP/s"
+        if r is not first:
+            line += f"  {r.median_ms / first.median_ms:.2f}x {first.provider}'s time"
+        print(line, flush=True)
