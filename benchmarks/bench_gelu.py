@@ -170,10 +170,6 @@ def mlp_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
 
 
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
-    # One compiled function per (form, direction) sees every size x dtype x grad mode: let it keep
-    # them all rather than fall back to eager after the default 8 recompiles.
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
     yield from gelu_cases(args)
     yield from bias_gelu_cases(args)
     yield from mlp_cases(args)

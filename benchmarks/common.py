@@ -427,6 +427,10 @@ def run_benchmark(
     if device == "cpu" and not args.fresh_pages:
         fair_cpu_allocation()
     seconds = min(quick_min_time, args.min_time) if args.quick else args.min_time
+    # A compiled provider sees every size x dtype x grad mode of its op: let it keep them all. Past
+    # the default 8 recompiles dynamo silently runs eager, and "compile" would time eager.
+    torch._dynamo.config.recompile_limit = 1024
+    torch._dynamo.config.accumulated_recompile_limit = 16384
 
     pending = iter(cases(args))
     case = next(pending, None)
