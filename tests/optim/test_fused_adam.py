@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from fastops import reference
+from fastops.ops.fused_adam import fused_adam
 from fastops.optim import FusedAdam, FusedAdamW
-from fastops.optim.fused_adam import fused_adam
 from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, dtypes, ulp_floor
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
