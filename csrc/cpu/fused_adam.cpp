@@ -7,9 +7,9 @@
 // with the operations in the order torch.optim.Adam(foreach=False) performs them, so fp32 results
 // agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included.
 //
-// Strategy: the tensors of one dtype are laid end to end as one flat index space and
-// at::parallel_for splits that space evenly over the threads, so a huge tensor is split and tiny
-// ones are batched into one task, and empty tensors take no work wherever they are in the list.
+// Strategy (include/fastops/multi_tensor.h): the tensors of one dtype are laid end to end as one flat
+// index space and at::parallel_for splits that space evenly over the threads, so a huge tensor is
+// split and tiny ones are batched into one task, and empty tensors take no work wherever they are.
 // Each piece runs at::vec over Vectorized<float> (fp16/bf16 widened to fp32, fp64 in double);
 // only the state is rounded to the param dtype on store. Per-tensor scalars (bias corrections from
 // that tensor's own step) are computed once in double.
@@ -22,6 +22,7 @@
 #include <fastops/adam.h>
 #include <fastops/checks.h>
 #include <fastops/cpu_loops.h>
+#include <fastops/multi_tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -131,8 +132,6 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
                w.exp_avg_sqs[i].data_ptr<T>(), kAmsgrad ? w.max_exp_avg_sqs[i].data_ptr<T>() : nullptr};
     offsets[k + 1] = offsets[k] + w.params[i].numel();
   }
-  const int64_t total = offsets[n];
-  if (total == 0) return;
 
   const double lerp_weight = 1.0 - h.beta1;
   AdamMath<M, kDecay, kAmsgrad> base{};
@@ -149,20 +148,11 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
   base.unscale = unscale;
   base.maximize = h.maximize;
 
-  at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
-    // The last tensor starting at or before `begin`: empty tensors share their offset with the next
-    // non-empty one, and upper_bound steps past them.
-    size_t k = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
-    for (int64_t pos = begin; pos < end; ++k) {
-      const int64_t stop = std::min(end, offsets[k + 1]);
-      if (stop > pos) {
-        AdamMath<M, kDecay, kAmsgrad> math = base;
-        math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
-        math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
-        update_range<T>(ptrs[k], pos - offsets[k], stop - offsets[k], math, unscale);
-        pos = stop;
-      }
-    }
+  multi_tensor::parallel_over_tensors(offsets, kGrain, [&](size_t k, int64_t begin, int64_t end) {
+    AdamMath<M, kDecay, kAmsgrad> math = base;
+    math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
+    math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
+    update_range<T>(ptrs[k], begin, end, math, unscale);
   });
 }
 
