@@ -8,7 +8,6 @@ The optimizer classes only; the functional op and its fake kernel live in ``fast
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -22,38 +21,63 @@ from fastops.ops.fused_adam import fused_adam
 __all__ = ["FusedAdam", "FusedAdamW"]
 
 
-def _scalar(name: str, value: float | Tensor) -> float:
+def _as_float(cls: str, name: str, value: object) -> float:
+    """The number torch.optim.Adam compares with its bounds (a real number or a 1-element tensor),
+    failing as that comparison would: TypeError for other types, RuntimeError for a tensor that does
+    not hold exactly one element."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
-            raise ValueError(f"fastops.optim: Tensor {name} must be 1-element, got {value.numel()} elements")
+            raise RuntimeError(
+                f"fastops.optim.{cls}: expected {name} to be a number or a 1-element Tensor, "
+                f"got a Tensor of {value.numel()} elements"
+            )
         return float(value.item())
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"fastops.optim: expected {name} to be a float, got {type(value).__name__}")
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"fastops.optim.{cls}: expected {name} to be a number or a 1-element Tensor, "
+            f"got {type(value).__name__}"
+        )
     return float(value)
 
 
-def _check_hyper(
-    cls: str, lr: float | Tensor, betas: tuple[Any, Any], eps: float, weight_decay: float
-) -> tuple[float, float]:
-    """torch.optim.Adam's bounds (NaN fails them too); returns betas as floats."""
-    lr_value = _scalar("lr", lr)
-    if not 0.0 <= lr_value < math.inf:
-        raise ValueError(
-            f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected a finite lr >= 0)"
-        )
-    if not 0.0 <= _scalar("eps", eps) < math.inf:
-        raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps} (expected a finite eps >= 0)")
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+def _pair(cls: str, betas: Any) -> tuple[Any, Any]:
+    """betas[0], betas[1]; what indexing raises (IndexError, KeyError, TypeError) keeps its type, as
+    in torch.optim.Adam. A longer sequence fails here rather than at the first step (ValueError)."""
+    try:
+        beta1, beta2 = betas[0], betas[1]
+    except (LookupError, TypeError) as e:
+        raise type(e)(f"fastops.optim.{cls}: betas must be a pair (beta1, beta2), got {betas!r}") from None
+    if hasattr(betas, "__len__") and len(betas) != 2:
         raise ValueError(f"fastops.optim.{cls}: betas must be a pair (beta1, beta2), got {betas!r}")
-    beta1, beta2 = _scalar("betas[0]", betas[0]), _scalar("betas[1]", betas[1])
-    for i, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(
-                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {beta} (expected [0, 1))"
-            )
-    if not 0.0 <= _scalar("weight_decay", weight_decay) < math.inf:
-        raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {weight_decay} (expected >= 0)")
     return beta1, beta2
+
+
+def _check_hyper(
+    cls: str, lr: Any, betas: Any, eps: Any, weight_decay: Any, foreach: Any = None, capturable: Any = False
+) -> None:
+    """torch.optim.Adam's checks, in its order and with its exception types (NaN fails the bounds)."""
+    if isinstance(lr, Tensor):
+        if foreach and not capturable:
+            raise ValueError(
+                f"fastops.optim.{cls}: lr as a Tensor is not supported for capturable=False and foreach=True"
+            )
+        if lr.numel() != 1:
+            raise ValueError(f"fastops.optim.{cls}: Tensor lr must be 1-element, got {lr.numel()} elements")
+    lr_value = _as_float(cls, "lr", lr)
+    if not lr_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected lr >= 0)")
+    eps_value = _as_float(cls, "eps", eps)
+    if not eps_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps_value} (expected eps >= 0)")
+    for i, beta in enumerate(_pair(cls, betas)):
+        value = _as_float(cls, f"betas[{i}]", beta)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {value} (expected [0, 1))"
+            )
+    wd_value = _as_float(cls, "weight_decay", weight_decay)
+    if not wd_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {wd_value} (expected >= 0)")
 
 
 class FusedAdam(Optimizer):
@@ -67,7 +91,7 @@ class FusedAdam(Optimizer):
     Args:
         params: iterable of parameters or param-group dicts (each group may override any argument).
         lr: learning rate, a float or a 1-element floating tensor (a scheduler may change it between
-            steps). Checked (>= 0, finite) here and in ``add_param_group``. A float or a CPU tensor
+            steps). Checked (>= 0, not NaN) here and in ``add_param_group``. A float or a CPU tensor
             lr is also checked at every step, on every device (a negative or NaN value raises); a
             tensor lr on the params' device is read by the kernel there, without a host sync, and so
             is not checked again at step time, as in torch's fused Adam.
@@ -80,8 +104,10 @@ class FusedAdam(Optimizer):
             replay the value read at capture. Capture a whole training step with
             ``torch.cuda.graph`` after a few warm-up steps on a side stream, as for torch's Adam.
         foreach, fused, differentiable: accepted for signature compatibility; this optimizer is
-            always fused and not differentiable (``foreach=True``, ``fused=False`` or
-            ``differentiable=True`` raise).
+            always fused and not differentiable: ``foreach=True``, ``fused=False`` or
+            ``differentiable=True`` raise RuntimeError, as torch's fused Adam does for the first
+            and the last. Every other argument error has the exception type torch.optim.Adam
+            raises for it.
 
     Dtypes: float32, float16 and bfloat16 params (float64 on the CPU); the math runs in float32
     (float64 for float64 params) and the state has the param's dtype, as in torch. Params of one
@@ -110,42 +136,45 @@ class FusedAdam(Optimizer):
         decoupled_weight_decay: bool = False,
     ) -> None:
         cls = type(self).__name__
-        if isinstance(lr, Tensor) and lr.numel() != 1:
-            raise ValueError(f"fastops.optim.{cls}: Tensor lr must be 1-element")
-        beta1, beta2 = _check_hyper(cls, lr, betas, eps, weight_decay)
-        if foreach:
-            raise ValueError(f"fastops.optim.{cls} is fused; foreach=True is not supported")
-        if fused is False:
-            raise ValueError(f"fastops.optim.{cls} is always fused; use torch.optim for fused=False")
-        if differentiable:
-            raise ValueError(f"fastops.optim.{cls} does not support differentiable=True")
+        _check_hyper(cls, lr, betas, eps, weight_decay, foreach, capturable)
+        beta1, beta2 = _pair(cls, betas)
         defaults = {
             "lr": lr,
-            "betas": (beta1, beta2),
+            "betas": (float(beta1), float(beta2)),
             "eps": eps,
             "weight_decay": weight_decay,
             "amsgrad": amsgrad,
             "maximize": maximize,
             "foreach": foreach,
             "capturable": capturable,
-            "differentiable": False,
+            "differentiable": differentiable,
             "fused": fused,
             "decoupled_weight_decay": decoupled_weight_decay,
         }
         super().__init__(params, defaults)
+        # After the params are checked and with torch's exception type (RuntimeError), as
+        # torch.optim.Adam(fused=True) does, so that a drop-in fails the way the original fails.
+        if differentiable:
+            raise RuntimeError(f"fastops.optim.{cls} is fused and does not support differentiable=True")
+        if foreach:
+            raise RuntimeError(
+                f"fastops.optim.{cls} is fused; fused and foreach=True cannot be used together"
+            )
+        if fused is False:
+            raise RuntimeError(f"fastops.optim.{cls} is always fused; use torch.optim for fused=False")
         # torch.amp.GradScaler then hands us grad_scale / found_inf instead of unscaling itself.
         self._step_supports_amp_scaling = True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # Checked before the group is added, so a rejected group leaves the optimizer as it was.
+        # Checked before the group is added, so a rejected group leaves the optimizer as it was
+        # (torch.optim.Adam checks only its constructor's arguments; the bounds are the same).
         merged = {**self.defaults, **param_group}
-        if isinstance(merged["lr"], Tensor) and merged["lr"].numel() != 1:
-            raise ValueError(f"fastops.optim.{type(self).__name__}: Tensor lr must be 1-element")
-        betas = _check_hyper(
+        _check_hyper(
             type(self).__name__, merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"]
         )
         if "betas" in param_group:
-            param_group = {**param_group, "betas": betas}
+            beta1, beta2 = _pair(type(self).__name__, param_group["betas"])
+            param_group = {**param_group, "betas": (float(beta1), float(beta2))}
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:

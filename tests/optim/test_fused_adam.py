@@ -8,7 +8,7 @@ import io
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -749,31 +749,97 @@ def test_decoupled_flag_closure_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"lr": -1e-3}, "learning rate"),
-        ({"lr": math.nan}, "learning rate"),
-        ({"betas": (1.0, 0.999)}, "beta parameter at index 0"),
-        ({"betas": (0.9, -0.1)}, "beta parameter at index 1"),
-        ({"eps": -1e-8}, "epsilon"),
-        ({"weight_decay": -0.1}, "weight_decay"),
-        ({"lr": torch.ones(2)}, "1-element"),
-        ({"foreach": True}, "foreach"),
-        ({"fused": False}, "fused"),
-        ({"differentiable": True}, "differentiable"),
+        ({"lr": -1e-3}, ValueError, "learning rate"),
+        ({"lr": math.nan}, ValueError, "learning rate"),
+        ({"betas": (1.0, 0.999)}, ValueError, "beta parameter at index 0"),
+        ({"betas": (0.9, -0.1)}, ValueError, "beta parameter at index 1"),
+        ({"betas": (0.9, 0.999, 0.5)}, ValueError, "betas must be a pair"),
+        ({"eps": -1e-8}, ValueError, "epsilon"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay"),
+        ({"lr": torch.ones(2)}, ValueError, "1-element"),
+        ({"foreach": True}, RuntimeError, "foreach"),
+        ({"fused": False}, RuntimeError, "fused"),
+        ({"differentiable": True}, RuntimeError, "differentiable"),
     ],
 )
-def test_bad_hyperparameters(kwargs: dict, match: str) -> None:
+def test_bad_hyperparameters(kwargs: dict, error: type[Exception], match: str) -> None:
     p = torch.zeros(3, requires_grad=True)
     for cls in (FusedAdam, FusedAdamW):
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(error, match=match):
             cls([p], **kwargs)
         opt = cls([p])
         bad_group = {"params": [torch.zeros(2, requires_grad=True)], **kwargs}
         if "lr" in kwargs or "betas" in kwargs or "eps" in kwargs or "weight_decay" in kwargs:
-            with pytest.raises(ValueError, match=match):
+            with pytest.raises(error, match=match):
                 opt.add_param_group(bad_group)
             assert len(opt.param_groups) == 1
+
+
+def _outcome(make: Callable[[], object]) -> type[Exception] | None:
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e)
+    return None
+
+
+# Constructor arguments torch.optim.Adam(fused=True) rejects (or accepts), each with the exception type
+# it raises; FusedAdam must fail (or not) the same way. Extra checks of ours are in test_bad_hyperparameters.
+CONSTRUCTOR_CASES = {
+    "lr<0": {"lr": -1e-3},
+    "lr=nan": {"lr": math.nan},
+    "lr=inf": {"lr": math.inf},
+    "lr=str": {"lr": "0.1"},
+    "lr=None": {"lr": None},
+    "lr=tensor<0": {"lr": torch.tensor(-1.0)},
+    "lr=2 elements": {"lr": torch.ones(2)},
+    "lr=tensor, foreach": {"lr": torch.tensor(1e-3), "foreach": True},
+    "eps<0": {"eps": -1.0},
+    "eps=nan": {"eps": math.nan},
+    "eps=str": {"eps": "x"},
+    "eps=2 elements": {"eps": torch.ones(2)},
+    "weight_decay<0": {"weight_decay": -1.0},
+    "weight_decay=inf": {"weight_decay": math.inf},
+    "weight_decay=str": {"weight_decay": "x"},
+    "betas=(1, .999)": {"betas": (1.0, 0.999)},
+    "betas=(nan, .999)": {"betas": (math.nan, 0.999)},
+    "betas=(.9,)": {"betas": (0.9,)},
+    "betas=None": {"betas": None},
+    "betas=str": {"betas": "ab"},
+    "betas=2 elements": {"betas": (torch.tensor(0.9), torch.tensor([0.99, 0.5]))},
+    "betas=tensors >= 1": {"betas": (torch.tensor(1.5), torch.tensor(0.9))},
+    "foreach": {"foreach": True},
+    "differentiable": {"differentiable": True},
+    "foreach and differentiable": {"foreach": True, "differentiable": True},
+    "foreach, capturable": {"foreach": True, "capturable": True, "lr": torch.tensor(1e-3)},
+}
+
+
+@pytest.mark.parametrize("kwargs", CONSTRUCTOR_CASES.values(), ids=CONSTRUCTOR_CASES.keys())
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_constructor_errors_have_torchs_exception_types(kwargs: dict, kind: str) -> None:
+    """A drop-in fails where and as the original fails: the exception type of torch's fused Adam
+    (our messages name the class and say what was expected)."""
+    torch_cls, fast_cls = PAIRS[kind]
+    fused = {} if "fused" in kwargs else {"fused": True}
+    expected = _outcome(lambda: torch_cls([torch.zeros(3, requires_grad=True)], **kwargs, **fused))
+    got = _outcome(lambda: fast_cls([torch.zeros(3, requires_grad=True)], **kwargs))
+    assert got is expected
+
+
+@pytest.mark.parametrize(
+    "params, error",
+    [([], ValueError), ([torch.zeros(3, requires_grad=True) * 2], ValueError), (torch.zeros(3), TypeError)],
+    ids=["empty", "non-leaf", "a tensor"],
+)
+def test_params_errors_come_first_as_in_torch(params: object, error: type[Exception]) -> None:
+    """torch checks the params before the fused flags: a bad params list wins over foreach=True."""
+    with pytest.raises(error):
+        torch.optim.AdamW(params, foreach=True, fused=True)  # type: ignore[arg-type]
+    with pytest.raises(error):
+        FusedAdamW(params, foreach=True)  # type: ignore[arg-type]
 
 
 def test_bad_hyperparameters_at_step() -> None:
