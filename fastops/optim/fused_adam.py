@@ -78,6 +78,25 @@ def _check_hyper(
     wd_value = _as_float(cls, "weight_decay", weight_decay)
     if not wd_value >= 0.0:
         raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {wd_value} (expected >= 0)")
+    beta1, beta2 = _pair(cls, betas)
+    if not (
+        (isinstance(beta1, float) and isinstance(beta2, float))
+        or (isinstance(beta1, Tensor) and isinstance(beta2, Tensor))
+    ):
+        raise ValueError(
+            f"fastops.optim.{cls}: betas must be either both floats or both Tensors, "
+            f"got {type(beta1).__name__} and {type(beta2).__name__}"
+        )
+    if isinstance(beta1, Tensor) and foreach and not capturable:
+        raise ValueError(
+            f"fastops.optim.{cls}: betas as Tensors are not supported for capturable=False and foreach=True"
+        )
+
+
+def _to_scalar(beta: float | Tensor) -> float | Tensor:
+    """torch.optim's form of a beta: a Tensor squeezed to 0-d (a view: in-place changes to the
+    caller's tensor still reach the optimizer), a float as it is."""
+    return beta.squeeze() if isinstance(beta, Tensor) and beta.dim() != 0 else beta
 
 
 class FusedAdam(Optimizer):
@@ -95,7 +114,9 @@ class FusedAdam(Optimizer):
             lr is also checked at every step, on every device (a negative or NaN value raises); a
             tensor lr on the params' device is read by the kernel there, without a host sync, and so
             is not checked again at step time, as in torch's fused Adam.
-        betas: (beta1, beta2) in [0, 1). eps, weight_decay: >= 0.
+        betas: (beta1, beta2) in [0, 1), both floats or both 1-element tensors. Tensors are kept
+            in ``param_groups`` (squeezed to 0-d, as torch does) and read at every step, so a
+            change made in place reaches the next step. eps, weight_decay: >= 0.
         amsgrad: keep the running maximum of the second moment and normalise by it.
         maximize: ascend instead of descend.
         capturable: the step is always free of host syncs (``step`` lives on the param's device,
@@ -137,10 +158,10 @@ class FusedAdam(Optimizer):
     ) -> None:
         cls = type(self).__name__
         _check_hyper(cls, lr, betas, eps, weight_decay, foreach, capturable)
-        beta1, beta2 = _pair(cls, betas)
+        # Tensor betas are kept, not read: like torch, every step reads their value then.
         defaults = {
             "lr": lr,
-            "betas": (float(beta1), float(beta2)),
+            "betas": tuple(_to_scalar(beta) for beta in _pair(cls, betas)),
             "eps": eps,
             "weight_decay": weight_decay,
             "amsgrad": amsgrad,
@@ -172,9 +193,6 @@ class FusedAdam(Optimizer):
         _check_hyper(
             type(self).__name__, merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"]
         )
-        if "betas" in param_group:
-            beta1, beta2 = _pair(type(self).__name__, param_group["betas"])
-            param_group = {**param_group, "betas": (float(beta1), float(beta2))}
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -259,6 +277,8 @@ class FusedAdam(Optimizer):
             max_exp_avg_sqs: list[Tensor] = []
             state_steps: list[Tensor] = []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+            # Tensor betas are read here, at every step (a host sync for device tensors, as in
+            # torch's fused Adam, whose kernel takes them as floats too).
             beta1, beta2 = group["betas"]
             fused_adam(
                 params,

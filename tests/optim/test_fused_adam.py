@@ -810,6 +810,11 @@ CONSTRUCTOR_CASES = {
     "betas=str": {"betas": "ab"},
     "betas=2 elements": {"betas": (torch.tensor(0.9), torch.tensor([0.99, 0.5]))},
     "betas=tensors >= 1": {"betas": (torch.tensor(1.5), torch.tensor(0.9))},
+    "betas=float and tensor": {"betas": (0.9, torch.tensor(0.99))},
+    "betas=tensor and float": {"betas": (torch.tensor(0.9), 0.99)},
+    "betas=ints": {"betas": (0, 0.999)},
+    "betas=tensors": {"betas": (torch.tensor(0.9), torch.tensor([0.99]))},
+    "betas=tensors, foreach": {"betas": (torch.tensor(0.9), torch.tensor(0.99)), "foreach": True},
     "foreach": {"foreach": True},
     "differentiable": {"differentiable": True},
     "foreach and differentiable": {"foreach": True, "differentiable": True},
@@ -840,6 +845,35 @@ def test_params_errors_come_first_as_in_torch(params: object, error: type[Except
         torch.optim.AdamW(params, foreach=True, fused=True)  # type: ignore[arg-type]
     with pytest.raises(error):
         FusedAdamW(params, foreach=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_tensor_betas_are_kept_and_read_at_every_step(kind: str) -> None:
+    """As in torch: param_groups hold the caller's beta tensors (squeezed to 0-d views), and a change
+    made in place after construction reaches the next step."""
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params("cpu", shapes=[(7, 5), (33,), ()])
+    ours, theirs = _leaves(base), _leaves(base)
+    betas_ours = (torch.tensor(0.9), torch.tensor([0.999]))
+    betas_theirs = (torch.tensor(0.9), torch.tensor([0.999]))
+    opt = fast_cls(ours, lr=1e-2, betas=betas_ours)
+    ref = torch_cls(theirs, lr=1e-2, betas=betas_theirs, fused=True)
+    for opt_, given in ((opt, betas_ours), (ref, betas_theirs)):
+        kept = opt_.param_groups[0]["betas"]
+        assert isinstance(kept, tuple) and all(isinstance(b, torch.Tensor) and b.dim() == 0 for b in kept)
+        assert kept[0] is given[0] and kept[1].data_ptr() == given[1].data_ptr()
+    _run(opt, ours, 2)
+    _run(ref, theirs, 2)
+    for b in (*betas_ours, *betas_theirs):
+        b.mul_(0.5)  # 0.45 and 0.4995 from now on
+    _run(opt, ours, 2, start=2)
+    _run(ref, theirs, 2, start=2)
+    _assert_state_equal(opt, ref)
+    # Without the change the result differs: the new betas were used.
+    stale = _leaves(base)
+    stale_opt = fast_cls(stale, lr=1e-2, betas=(0.9, 0.999))
+    _run(stale_opt, stale, 4)
+    assert not torch.equal(stale[0], ours[0])
 
 
 def test_bad_hyperparameters_at_step() -> None:
