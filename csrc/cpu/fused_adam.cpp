@@ -5,7 +5,9 @@
 //   m  = lerp(m, g, 1 - beta1)       v = v * beta2 + (1 - beta2) * g * g       vmax = max(vmax, v) (amsgrad)
 //   p += -(lr / (1 - beta1^t)) * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
 // with the operations in the order torch.optim.Adam(foreach=False) performs them, so fp32 results
-// agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included.
+// agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included. A param
+// listed k times is updated once per occurrence, each time with t = step + k (torch's fused Adam
+// counts every listed step first), its occurrences in successive parallel regions (rounds).
 //
 // Strategy (include/fastops/multi_tensor.h): the tensors of one dtype are laid end to end as one flat
 // index space and at::parallel_for splits that space evenly over the threads, so a huge tensor is
@@ -26,7 +28,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <map>
 
 namespace fastops::cpu {
 namespace {
@@ -178,20 +179,27 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   if (found_inf.has_value() && adam::host_scalar("found_inf", *found_inf) != 0.0) return;
   const double scale = unscale ? adam::host_scalar("grad_scale", *grad_scale) : 1.0;
 
+  // A param listed k times is updated k times, in list order, each time with t = step + k, and its
+  // step ends k higher: torch's fused Adam adds 1 to every listed step before its kernel runs. So the
+  // steps of later occurrences are counted first, and every first occurrence's after the update.
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    if (w.repeats.round[i] > 0) *w.steps[i].data_ptr<float>() += 1.0f;
+  }
   std::vector<adam::StepScalars> scalars(w.params.size());
-  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < w.params.size(); ++i) {
     const double t = static_cast<double>(*w.steps[i].data_ptr<float>()) + 1.0;
     scalars[i] = adam::step_scalars(h.lr, h.beta1, h.beta2, t);
-    by_dtype[w.params[i].scalar_type()].push_back(i);
   }
-  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are C++17.
-  for (const auto& entry : by_dtype) {
+  // One parallel region per (round, dtype), rounds in order. No structured binding: capturing one in a
+  // lambda is C++20, and builds against an older torch are C++17.
+  for (const auto& entry : adam::groups(w)) {
     const std::vector<size_t>& idx = entry.second;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first, "fastops_fused_adam_cpu",
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first.second, "fastops_fused_adam_cpu",
                                     [&] { run_dtype<scalar_t>(w, idx, h, scalars, scale, unscale); });
   }
-  for (const at::Tensor& s : w.steps) *s.data_ptr<float>() += 1.0f;
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    if (w.repeats.round[i] == 0) *w.steps[i].data_ptr<float>() += 1.0f;
+  }
   w.finish();
 }
 

@@ -9,8 +9,10 @@
 // sync, so a step can be captured in a CUDA graph. An lr tensor in host memory is read (and checked)
 // on the host at every step, as on the CPU. When *found_inf != 0 every block returns before touching
 // memory, and the step counters (incremented by a second small kernel after the update) stay as they
-// were. Bytes per element: 7 * sizeof(T) (28 B fp32: read p, g, m, v; write p, m, v); amsgrad
-// + 2 * sizeof(T), grad_scale + sizeof(T). At 3.35 TB/s (H100 SXM) 124M fp32 params take ~1.0 ms.
+// were. A param listed twice is updated once per occurrence, the occurrences in successive launches
+// (rounds), never two in one. Bytes per element: 7 * sizeof(T) (28 B fp32: read p, g, m, v; write
+// p, m, v); amsgrad + 2 * sizeof(T), grad_scale + sizeof(T). At 3.35 TB/s (H100 SXM) 124M fp32
+// params take ~1.0 ms.
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -22,7 +24,6 @@
 #include <fastops/multi_tensor_apply.cuh>
 
 #include <array>
-#include <map>
 #include <vector>
 
 namespace fastops::cuda {
@@ -93,21 +94,30 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   }
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
-  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
-  for (size_t i = 0; i < w.params.size(); ++i) by_dtype[w.params[i].scalar_type()].push_back(i);
-  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are
-  // C++17 (nvcc warning #3357).
-  for (const auto& entry : by_dtype) {
+  // A param listed k times is updated k times, in list order, each time with t = step + k, and its
+  // step ends k higher (torch's fused Adam adds 1 to every listed step before its kernel runs). Its
+  // later occurrences run in later rounds, so no launch holds it twice (two blocks would race on it);
+  // their steps are counted first, one launch a round (two threads must not add to one step), and
+  // every first occurrence's after the update, as for a param listed once.
+  for (int r = 1; r < w.repeats.rounds; ++r) {
+    mta::increment_counters<float>(adam::steps_of_round(w, r), args.found_inf, stream);
+  }
+  // One multi-tensor apply per (round, dtype), rounds in order. No structured binding: capturing one in
+  // a lambda is C++20, and builds against an older torch are C++17 (nvcc warning #3357).
+  for (const auto& entry : adam::groups(w)) {
     const std::vector<size_t>& idx = entry.second;
     // fp32, fp16, bf16 only: prepare() rejected fp64 on CUDA.
-    AT_DISPATCH_SWITCH(entry.first, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
+    AT_DISPATCH_SWITCH(entry.first.second, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);
                        }) AT_DISPATCH_CASE(at::kHalf, [&] {
                          launch_dtype<scalar_t>(w, idx, h, args, stream);
                        }) AT_DISPATCH_CASE(at::kBFloat16, [&] { launch_dtype<scalar_t>(w, idx, h, args, stream); }));
   }
-
-  mta::increment_counters<float>(w.steps, args.found_inf, stream);
+  if (w.repeats.rounds == 1) {
+    mta::increment_counters<float>(w.steps, args.found_inf, stream);
+  } else {
+    mta::increment_counters<float>(adam::steps_of_round(w, 0), args.found_inf, stream);
+  }
   w.finish();
 }
 

@@ -51,6 +51,13 @@ def fused_adam(
     ``max_exp_avg_sqs`` is empty unless ``amsgrad``. See ``fastops.reference.fused_adam.adam_step``
     for the plain-PyTorch equivalent.
 
+    A param listed k times (with the same grad, state and step each time, as an optimizer whose
+    group repeats a param passes it; torch warns about such groups) is updated once per occurrence,
+    in list order, each time with ``t = step + k``, and its step ends k higher (with
+    ``grad_scale``, its grad is divided once per occurrence): what ``torch.optim.Adam(fused=True)``
+    does on the CPU, here on every device. Different params must not share memory or a step
+    tensor (RuntimeError), nor state tensors.
+
     ``lr`` may be a float or a 1-element tensor of any floating dtype. A float lr, or a CPU tensor lr
     (read on the host), is checked (>= 0, not NaN) by the kernel at every step, on every device. For
     CUDA params a CUDA tensor lr is read by the kernel on the device and not checked at step time

@@ -447,6 +447,122 @@ def test_more_tensors_than_one_launch_holds(device: str, amsgrad: bool) -> None:
         assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
 
 
+# --- A param listed twice: updated once per occurrence, in list order, as torch's CPU fused Adam ----
+
+
+def _repeated_rows(device: str, amsgrad: bool, order: str) -> Lists:
+    """fused_adam's lists for params named by `order` ("a" > 2 CPU tasks, "b" tiny, "c" non-dense),
+    each occurrence with the same tensors, as the optimizer builds them for a repeated param."""
+    gen = torch.Generator().manual_seed(7)
+    rows = {}
+    for name, shape in (("a", (70001,)), ("b", (5,)), ("c", (6, 9))):
+        p, g, m, v, x = (torch.randn(shape, generator=gen).to(device) for _ in range(5))
+        v, x = v.abs() * 0.1, v.abs() * 0.2
+        if name == "c":  # a transposed param and state: the kernels work on one copy, written back once
+            p, g, m, v, x = (t.t() for t in (p, g, m, v, x))
+        rows[name] = (p, g, m, v, x, torch.full((), 3.0, device=device))
+    lists: Lists = [[rows[n][k] for n in order] for k in range(6)]
+    if not amsgrad:
+        lists[4] = []
+    return lists
+
+
+def _torch_fused_cpu(lists: Lists, hyper: dict, **scalars) -> Lists:
+    """torch's fused Adam on CPU copies (one copy per distinct tensor): steps += 1 for every listed
+    step, then torch._fused_adam(w)_, which updates the listed tensors one after another."""
+    copies: dict[int, torch.Tensor] = {}
+    cpu = [[copies.setdefault(id(t), t.detach().cpu().clone()) for t in lst] for lst in lists]
+    torch._foreach_add_(cpu[5], 1)
+    op = torch._fused_adamw_ if hyper["decoupled_weight_decay"] else torch._fused_adam_
+    args = {k: v for k, v in hyper.items() if k != "decoupled_weight_decay"}
+    op(*cpu, **args, **{k: v.cpu() for k, v in scalars.items()})
+    return cpu
+
+
+@devices
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+@pytest.mark.parametrize("order", ["aba", "aab", "cbcac", "aaab"])
+def test_param_listed_twice_is_updated_per_occurrence_like_torch_fused(
+    device: str, amsgrad: bool, decoupled: bool, order: str
+) -> None:
+    """Each occurrence updates the param in turn, every one with t = step + k (k occurrences), the step
+    ends k higher and the grad is unscaled once per occurrence: what torch's fused Adam does on the
+    CPU. Before, the CPU kernel updated both occurrences at once from two threads (a race) with
+    t = step + 1; on CUDA two blocks of one launch would race the same way."""
+    _, hyper = _functional_args(device, amsgrad)
+    hyper["decoupled_weight_decay"] = decoupled
+    lists = _repeated_rows(device, amsgrad, order)
+    scale = torch.tensor(2.0, device=device)
+    expected = _torch_fused_cpu(lists, hyper, grad_scale=scale)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the race needed two threads; the rounds must not
+    try:
+        fused_adam(*lists, **hyper, grad_scale=scale)
+    finally:
+        torch.set_num_threads(threads)
+    for name, lst, exp in zip(_LIST_NAMES, lists, expected, strict=True):
+        for i, (t, e) in enumerate(zip(lst, exp, strict=True)):
+            torch.testing.assert_close(t.cpu(), e, msg=lambda m, name=name, i=i: f"{name}[{i}]: {m}")
+    # found_inf: nothing moves, the repeated steps included (their early increments are skipped too).
+    before = _clone_lists(lists)
+    fused_adam(*lists, **hyper, grad_scale=scale, found_inf=torch.ones((), device=device))
+    for name, lst, old in zip(_LIST_NAMES, lists, before, strict=True):
+        assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
+
+
+@devices
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_optimizer_with_a_param_listed_twice_matches_torch_fused(device: str, kind: str) -> None:
+    """torch warns about a group that lists a param twice and, with fused=True on the CPU, updates it
+    once per occurrence; FusedAdam does the same, on every device and run after run."""
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params("cpu", shapes=[(70001,), (5,), (3, 4)])
+
+    def run(cls: type[torch.optim.Optimizer], dev: str, **kwargs) -> list[torch.Tensor]:
+        a, b, c = _leaves([t.to(dev) for t in base])
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            opt = cls([a, b, a, c, a], lr=1e-2, amsgrad=True, **kwargs)
+        _run(opt, [a, b, a, c, a], 3)
+        assert float(opt.state[a]["step"]) == 9 and float(opt.state[b]["step"]) == 3
+        return [t.detach().cpu() for t in (a, b, c)]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = run(torch_cls, "cpu", fused=True)
+        first = run(fast_cls, device)
+        again = run(fast_cls, device)
+    finally:
+        torch.set_num_threads(threads)
+    for t, e, t2 in zip(first, expected, again, strict=True):
+        torch.testing.assert_close(t, e)
+        assert torch.equal(t, t2), "two identical runs differ"
+
+
+@devices
+def test_params_sharing_memory_or_steps_are_rejected(device: str) -> None:
+    """Different params that share memory (or a step) would be written by two threads at once: the op
+    refuses them, and a param listed twice must come with the same tensors both times."""
+    lists, hyper = _functional_args(device, shapes=[(6,), (5,)])
+    buf = torch.zeros(10, device=device)
+    bad = _clone_lists(lists)
+    bad[0] = [buf[:6], buf[4:9]]
+    with pytest.raises(RuntimeError, match=r"params\[0\] and params\[1\] share memory"):
+        fused_adam(*bad, **hyper)
+    bad = _clone_lists(lists)
+    bad[5][1] = bad[5][0]
+    with pytest.raises(RuntimeError, match=r"steps\[0\] and steps\[1\] share memory"):
+        fused_adam(*bad, **hyper)
+    bad = _clone_lists(lists)
+    for lst in bad[:4] + bad[5:]:
+        lst[1] = lst[0]
+    bad[2][1] = bad[2][0].clone()
+    with pytest.raises(RuntimeError, match=r"params\[1\] is params\[0\] again but comes with other tensors"):
+        fused_adam(*bad, **hyper)
+    assert all(float(s) == 3.0 for s in lists[5]), "a rejected call changed a step"
+
+
 @devices
 @dtypes
 def test_non_dense_grads_written_back_unscaled(device: str, dtype: torch.dtype) -> None:
