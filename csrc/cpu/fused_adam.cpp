@@ -5,11 +5,13 @@
 //   m  = lerp(m, g, 1 - beta1)       v = v * beta2 + (1 - beta2) * g * g       vmax = max(vmax, v) (amsgrad)
 //   p += -(lr / (1 - beta1^t)) * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
 // with the operations in the order torch.optim.Adam(foreach=False) performs them, so fp32 results
-// agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included.
+// agree to rounding. Then step += 1. When found_inf != 0 nothing is touched, steps included. A param
+// listed k times is updated once per occurrence, each time with t = step + k (torch's fused Adam
+// counts every listed step first), its occurrences in successive parallel regions (rounds).
 //
-// Strategy: the tensors of one dtype are laid end to end as one flat index space and
-// at::parallel_for splits that space evenly over the threads, so a huge tensor is split and tiny
-// ones are batched into one task, and empty tensors take no work wherever they are in the list.
+// Strategy (include/fastops/multi_tensor.h): the tensors of one dtype are laid end to end as one flat
+// index space and at::parallel_for splits that space evenly over the threads, so a huge tensor is
+// split and tiny ones are batched into one task, and empty tensors take no work wherever they are.
 // Each piece runs at::vec over Vectorized<float> (fp16/bf16 widened to fp32, fp64 in double);
 // only the state is rounded to the param dtype on store. Per-tensor scalars (bias corrections from
 // that tensor's own step) are computed once in double.
@@ -22,10 +24,10 @@
 #include <fastops/adam.h>
 #include <fastops/checks.h>
 #include <fastops/cpu_loops.h>
+#include <fastops/multi_tensor.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <map>
 
 namespace fastops::cpu {
 namespace {
@@ -131,8 +133,6 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
                w.exp_avg_sqs[i].data_ptr<T>(), kAmsgrad ? w.max_exp_avg_sqs[i].data_ptr<T>() : nullptr};
     offsets[k + 1] = offsets[k] + w.params[i].numel();
   }
-  const int64_t total = offsets[n];
-  if (total == 0) return;
 
   const double lerp_weight = 1.0 - h.beta1;
   AdamMath<M, kDecay, kAmsgrad> base{};
@@ -149,20 +149,11 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
   base.unscale = unscale;
   base.maximize = h.maximize;
 
-  at::parallel_for(0, total, kGrain, [&](int64_t begin, int64_t end) {
-    // The last tensor starting at or before `begin`: empty tensors share their offset with the next
-    // non-empty one, and upper_bound steps past them.
-    size_t k = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
-    for (int64_t pos = begin; pos < end; ++k) {
-      const int64_t stop = std::min(end, offsets[k + 1]);
-      if (stop > pos) {
-        AdamMath<M, kDecay, kAmsgrad> math = base;
-        math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
-        math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
-        update_range<T>(ptrs[k], pos - offsets[k], stop - offsets[k], math, unscale);
-        pos = stop;
-      }
-    }
+  multi_tensor::parallel_over_tensors(offsets, kGrain, [&](size_t k, int64_t begin, int64_t end) {
+    AdamMath<M, kDecay, kAmsgrad> math = base;
+    math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
+    math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
+    update_range<T>(ptrs[k], begin, end, math, unscale);
   });
 }
 
@@ -188,20 +179,27 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   if (found_inf.has_value() && adam::host_scalar("found_inf", *found_inf) != 0.0) return;
   const double scale = unscale ? adam::host_scalar("grad_scale", *grad_scale) : 1.0;
 
+  // A param listed k times is updated k times, in list order, each time with t = step + k, and its
+  // step ends k higher: torch's fused Adam adds 1 to every listed step before its kernel runs. So the
+  // steps of later occurrences are counted first, and every first occurrence's after the update.
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    if (w.repeats.round[i] > 0) *w.steps[i].data_ptr<float>() += 1.0f;
+  }
   std::vector<adam::StepScalars> scalars(w.params.size());
-  std::map<at::ScalarType, std::vector<size_t>> by_dtype;
   for (size_t i = 0; i < w.params.size(); ++i) {
     const double t = static_cast<double>(*w.steps[i].data_ptr<float>()) + 1.0;
     scalars[i] = adam::step_scalars(h.lr, h.beta1, h.beta2, t);
-    by_dtype[w.params[i].scalar_type()].push_back(i);
   }
-  // No structured binding: capturing one in a lambda is C++20, and builds against an older torch are C++17.
-  for (const auto& entry : by_dtype) {
+  // One parallel region per (round, dtype), rounds in order. No structured binding: capturing one in a
+  // lambda is C++20, and builds against an older torch are C++17.
+  for (const auto& entry : adam::groups(w)) {
     const std::vector<size_t>& idx = entry.second;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first, "fastops_fused_adam_cpu",
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, entry.first.second, "fastops_fused_adam_cpu",
                                     [&] { run_dtype<scalar_t>(w, idx, h, scalars, scale, unscale); });
   }
-  for (const at::Tensor& s : w.steps) *s.data_ptr<float>() += 1.0f;
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    if (w.repeats.round[i] == 0) *w.steps[i].data_ptr<float>() += 1.0f;
+  }
   w.finish();
 }
 

@@ -3,11 +3,11 @@
 Each ``step()`` makes one call of ``torch.ops.fastops.fused_adam_`` per param group and device. The
 kernel reads every param, grad and moment once and writes them once (28 bytes per fp32 param), for
 all tensors of the group at once: one multi-tensor launch on CUDA, one parallel loop on the CPU.
+The optimizer classes only; the functional op and its fake kernel live in ``fastops.ops.fused_adam``.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -16,169 +16,87 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
-__all__ = ["FusedAdam", "FusedAdamW", "fused_adam"]
+from fastops.ops.fused_adam import fused_adam
 
-# Bound once: saves the attribute lookups every step.
-_fused_adam_op = torch.ops.fastops.fused_adam_.default
+__all__ = ["FusedAdam", "FusedAdamW"]
 
 
-def _scalar(name: str, value: float | Tensor) -> float:
+def _as_float(cls: str, name: str, value: object) -> float:
+    """The number torch.optim.Adam compares with its bounds (a real number or a 1-element tensor),
+    failing as that comparison would: TypeError for other types, RuntimeError for a tensor that does
+    not hold exactly one element."""
     if isinstance(value, Tensor):
         if value.numel() != 1:
-            raise ValueError(f"fastops.optim: Tensor {name} must be 1-element, got {value.numel()} elements")
+            raise RuntimeError(
+                f"fastops.optim.{cls}: expected {name} to be a number or a 1-element Tensor, "
+                f"got a Tensor of {value.numel()} elements"
+            )
         return float(value.item())
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"fastops.optim: expected {name} to be a float, got {type(value).__name__}")
+    if not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"fastops.optim.{cls}: expected {name} to be a number or a 1-element Tensor, "
+            f"got {type(value).__name__}"
+        )
     return float(value)
 
 
-def _to(t: Tensor, device: torch.device) -> Tensor:
-    """t on device. A copy into the CPU is blocking: the CPU kernel reads the value as soon as it is
-    called, before an asynchronous device-to-host copy may have landed. A copy onto a device is
-    ordered before the kernel by its stream, so it need not wait."""
-    return t.to(device, non_blocking=device.type != "cpu")
-
-
-def _check_hyper(
-    cls: str, lr: float | Tensor, betas: tuple[Any, Any], eps: float, weight_decay: float
-) -> tuple[float, float]:
-    """torch.optim.Adam's bounds (NaN fails them too); returns betas as floats."""
-    lr_value = _scalar("lr", lr)
-    if not 0.0 <= lr_value < math.inf:
-        raise ValueError(
-            f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected a finite lr >= 0)"
-        )
-    if not 0.0 <= _scalar("eps", eps) < math.inf:
-        raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps} (expected a finite eps >= 0)")
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+def _pair(cls: str, betas: Any) -> tuple[Any, Any]:
+    """betas[0], betas[1]; what indexing raises (IndexError, KeyError, TypeError) keeps its type, as
+    in torch.optim.Adam. A longer sequence fails here rather than at the first step (ValueError)."""
+    try:
+        beta1, beta2 = betas[0], betas[1]
+    except (LookupError, TypeError) as e:
+        raise type(e)(f"fastops.optim.{cls}: betas must be a pair (beta1, beta2), got {betas!r}") from None
+    if hasattr(betas, "__len__") and len(betas) != 2:
         raise ValueError(f"fastops.optim.{cls}: betas must be a pair (beta1, beta2), got {betas!r}")
-    beta1, beta2 = _scalar("betas[0]", betas[0]), _scalar("betas[1]", betas[1])
-    for i, beta in enumerate((beta1, beta2)):
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(
-                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {beta} (expected [0, 1))"
-            )
-    if not 0.0 <= _scalar("weight_decay", weight_decay) < math.inf:
-        raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {weight_decay} (expected >= 0)")
     return beta1, beta2
 
 
-def fused_adam(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    max_exp_avg_sqs: list[Tensor],
-    state_steps: list[Tensor],
-    *,
-    lr: float | Tensor,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    eps: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled_weight_decay: bool,
-    capturable: bool = False,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
+def _check_hyper(
+    cls: str, lr: Any, betas: Any, eps: Any, weight_decay: Any, foreach: Any = None, capturable: Any = False
 ) -> None:
-    """Functional Adam/AdamW step over lists of tensors (one kernel call per device).
-
-    Same arguments as ``torch.optim.adam.adam`` with ``fused=True``; ``state_steps`` are float32
-    0-d tensors on each param's device and are incremented here (not by the caller), except when
-    ``found_inf`` is nonzero: then params, grads, state and steps are all left untouched. With
-    ``grad_scale`` the grads are divided by it and written back unscaled, as torch's fused Adam does.
-    ``max_exp_avg_sqs`` is empty unless ``amsgrad``. See ``fastops.reference.fused_adam.adam_step``
-    for the plain-PyTorch equivalent.
-
-    ``lr`` may be a float or a 1-element tensor of any floating dtype. A float lr, or a CPU tensor lr
-    (read on the host), is checked (>= 0, not NaN) by the kernel at every step, on every device. For
-    CUDA params a CUDA tensor lr is read by the kernel on the device and not checked at step time
-    (that would be a host sync; ``FusedAdam`` checks it when a group is made, as torch does). Device
-    memory is read on the host only where CPU params need a device scalar (lr, ``grad_scale``,
-    ``found_inf``): it is copied over blocking, since the CPU kernel reads it at once (and then
-    checks that lr too).
-    """
-    if not params:
-        return
-    devices: dict[torch.device, list[int]] = {}
-    for i, p in enumerate(params):
-        devices.setdefault(p.device, []).append(i)
-    for device, idx in devices.items():
-        sel: tuple[list[Tensor], ...]
-        if len(devices) == 1:
-            sel = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
-        else:
-            sel = tuple(
-                [lst[i] for i in idx] if lst else []
-                for lst in (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+    """torch.optim.Adam's checks, in its order and with its exception types (NaN fails the bounds)."""
+    if isinstance(lr, Tensor):
+        if foreach and not capturable:
+            raise ValueError(
+                f"fastops.optim.{cls}: lr as a Tensor is not supported for capturable=False and foreach=True"
             )
-        lr_tensor: Tensor | None = None
-        lr_float = 0.0
-        if isinstance(lr, Tensor):
-            if lr.device.type == "cpu" and device.type != "cpu" and capturable:
-                raise RuntimeError(
-                    "fastops.optim: with capturable=True a Tensor lr must live on the params' device "
-                    f"({device}), got a CPU tensor (a graph replay would keep the value read at capture)"
-                )
-            # A CPU lr goes to the kernel of any device as it is: read (and checked) on the host.
-            lr_tensor = lr if lr.device == device or lr.device.type == "cpu" else _to(lr, device)
-        else:
-            lr_float = float(lr)
-        scale = _to(grad_scale, device) if grad_scale is not None else None
-        inf = _to(found_inf, device) if found_inf is not None else None
-        _fused_adam_op(
-            *sel,
-            lr_tensor,
-            lr_float,
-            beta1,
-            beta2,
-            weight_decay,
-            eps,
-            amsgrad,
-            maximize,
-            decoupled_weight_decay,
-            scale,
-            inf,
-        )
-
-
-@torch.library.register_fake("fastops::fused_adam_")
-def _fused_adam_fake(
-    params: list[Tensor],
-    grads: list[Tensor],
-    exp_avgs: list[Tensor],
-    exp_avg_sqs: list[Tensor],
-    max_exp_avg_sqs: list[Tensor],
-    steps: list[Tensor],
-    lr_tensor: Tensor | None,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    weight_decay: float,
-    eps: float,
-    amsgrad: bool,
-    maximize: bool,
-    decoupled_weight_decay: bool,
-    grad_scale: Tensor | None = None,
-    found_inf: Tensor | None = None,
-) -> None:
-    n = len(params)
-    for name, lst in (
-        ("grads", grads),
-        ("exp_avgs", exp_avgs),
-        ("exp_avg_sqs", exp_avg_sqs),
-        ("steps", steps),
+        if lr.numel() != 1:
+            raise ValueError(f"fastops.optim.{cls}: Tensor lr must be 1-element, got {lr.numel()} elements")
+    lr_value = _as_float(cls, "lr", lr)
+    if not lr_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid learning rate: {lr_value} (expected lr >= 0)")
+    eps_value = _as_float(cls, "eps", eps)
+    if not eps_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid epsilon value: {eps_value} (expected eps >= 0)")
+    for i, beta in enumerate(_pair(cls, betas)):
+        value = _as_float(cls, f"betas[{i}]", beta)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(
+                f"fastops.optim.{cls}: invalid beta parameter at index {i}: {value} (expected [0, 1))"
+            )
+    wd_value = _as_float(cls, "weight_decay", weight_decay)
+    if not wd_value >= 0.0:
+        raise ValueError(f"fastops.optim.{cls}: invalid weight_decay value: {wd_value} (expected >= 0)")
+    beta1, beta2 = _pair(cls, betas)
+    if not (
+        (isinstance(beta1, float) and isinstance(beta2, float))
+        or (isinstance(beta1, Tensor) and isinstance(beta2, Tensor))
     ):
-        torch._check(
-            len(lst) == n, lambda name=name: f"fastops.fused_adam_: expected one {name} tensor per param"
+        raise ValueError(
+            f"fastops.optim.{cls}: betas must be either both floats or both Tensors, "
+            f"got {type(beta1).__name__} and {type(beta2).__name__}"
         )
-    torch._check(
-        len(max_exp_avg_sqs) == (n if amsgrad else 0),
-        lambda: "fastops.fused_adam_: max_exp_avg_sqs must hold one tensor per param with amsgrad, else none",
-    )
-    return None
+    if isinstance(beta1, Tensor) and foreach and not capturable:
+        raise ValueError(
+            f"fastops.optim.{cls}: betas as Tensors are not supported for capturable=False and foreach=True"
+        )
+
+
+def _to_scalar(beta: float | Tensor) -> float | Tensor:
+    """torch.optim's form of a beta: a Tensor squeezed to 0-d (a view: in-place changes to the
+    caller's tensor still reach the optimizer), a float as it is."""
+    return beta.squeeze() if isinstance(beta, Tensor) and beta.dim() != 0 else beta
 
 
 class FusedAdam(Optimizer):
@@ -192,11 +110,13 @@ class FusedAdam(Optimizer):
     Args:
         params: iterable of parameters or param-group dicts (each group may override any argument).
         lr: learning rate, a float or a 1-element floating tensor (a scheduler may change it between
-            steps). Checked (>= 0, finite) here and in ``add_param_group``. A float or a CPU tensor
+            steps). Checked (>= 0, not NaN) here and in ``add_param_group``. A float or a CPU tensor
             lr is also checked at every step, on every device (a negative or NaN value raises); a
             tensor lr on the params' device is read by the kernel there, without a host sync, and so
             is not checked again at step time, as in torch's fused Adam.
-        betas: (beta1, beta2) in [0, 1). eps, weight_decay: >= 0.
+        betas: (beta1, beta2) in [0, 1), both floats or both 1-element tensors. Tensors are kept
+            in ``param_groups`` (squeezed to 0-d, as torch does) and read at every step, so a
+            change made in place reaches the next step. eps, weight_decay: >= 0.
         amsgrad: keep the running maximum of the second moment and normalise by it.
         maximize: ascend instead of descend.
         capturable: the step is always free of host syncs (``step`` lives on the param's device,
@@ -205,8 +125,10 @@ class FusedAdam(Optimizer):
             replay the value read at capture. Capture a whole training step with
             ``torch.cuda.graph`` after a few warm-up steps on a side stream, as for torch's Adam.
         foreach, fused, differentiable: accepted for signature compatibility; this optimizer is
-            always fused and not differentiable (``foreach=True``, ``fused=False`` or
-            ``differentiable=True`` raise).
+            always fused and not differentiable: ``foreach=True``, ``fused=False`` or
+            ``differentiable=True`` raise RuntimeError, as torch's fused Adam does for the first
+            and the last. Every other argument error has the exception type torch.optim.Adam
+            raises for it.
 
     Dtypes: float32, float16 and bfloat16 params (float64 on the CPU); the math runs in float32
     (float64 for float64 params) and the state has the param's dtype, as in torch. Params of one
@@ -235,42 +157,42 @@ class FusedAdam(Optimizer):
         decoupled_weight_decay: bool = False,
     ) -> None:
         cls = type(self).__name__
-        if isinstance(lr, Tensor) and lr.numel() != 1:
-            raise ValueError(f"fastops.optim.{cls}: Tensor lr must be 1-element")
-        beta1, beta2 = _check_hyper(cls, lr, betas, eps, weight_decay)
-        if foreach:
-            raise ValueError(f"fastops.optim.{cls} is fused; foreach=True is not supported")
-        if fused is False:
-            raise ValueError(f"fastops.optim.{cls} is always fused; use torch.optim for fused=False")
-        if differentiable:
-            raise ValueError(f"fastops.optim.{cls} does not support differentiable=True")
+        _check_hyper(cls, lr, betas, eps, weight_decay, foreach, capturable)
+        # Tensor betas are kept, not read: like torch, every step reads their value then.
         defaults = {
             "lr": lr,
-            "betas": (beta1, beta2),
+            "betas": tuple(_to_scalar(beta) for beta in _pair(cls, betas)),
             "eps": eps,
             "weight_decay": weight_decay,
             "amsgrad": amsgrad,
             "maximize": maximize,
             "foreach": foreach,
             "capturable": capturable,
-            "differentiable": False,
+            "differentiable": differentiable,
             "fused": fused,
             "decoupled_weight_decay": decoupled_weight_decay,
         }
         super().__init__(params, defaults)
+        # After the params are checked and with torch's exception type (RuntimeError), as
+        # torch.optim.Adam(fused=True) does, so that a drop-in fails the way the original fails.
+        if differentiable:
+            raise RuntimeError(f"fastops.optim.{cls} is fused and does not support differentiable=True")
+        if foreach:
+            raise RuntimeError(
+                f"fastops.optim.{cls} is fused; fused and foreach=True cannot be used together"
+            )
+        if fused is False:
+            raise RuntimeError(f"fastops.optim.{cls} is always fused; use torch.optim for fused=False")
         # torch.amp.GradScaler then hands us grad_scale / found_inf instead of unscaling itself.
         self._step_supports_amp_scaling = True
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        # Checked before the group is added, so a rejected group leaves the optimizer as it was.
+        # Checked before the group is added, so a rejected group leaves the optimizer as it was
+        # (torch.optim.Adam checks only its constructor's arguments; the bounds are the same).
         merged = {**self.defaults, **param_group}
-        if isinstance(merged["lr"], Tensor) and merged["lr"].numel() != 1:
-            raise ValueError(f"fastops.optim.{type(self).__name__}: Tensor lr must be 1-element")
-        betas = _check_hyper(
+        _check_hyper(
             type(self).__name__, merged["lr"], merged["betas"], merged["eps"], merged["weight_decay"]
         )
-        if "betas" in param_group:
-            param_group = {**param_group, "betas": betas}
         super().add_param_group(param_group)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -355,6 +277,8 @@ class FusedAdam(Optimizer):
             max_exp_avg_sqs: list[Tensor] = []
             state_steps: list[Tensor] = []
             self._init_group(group, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)
+            # Tensor betas are read here, at every step (a host sync for device tensors, as in
+            # torch's fused Adam, whose kernel takes them as floats too).
             beta1, beta2 = group["betas"]
             fused_adam(
                 params,

@@ -8,14 +8,14 @@ import io
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from fastops import reference
+from fastops.ops.fused_adam import fused_adam
 from fastops.optim import FusedAdam, FusedAdamW
-from fastops.optim.fused_adam import fused_adam
 from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, dtypes, ulp_floor
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
@@ -447,6 +447,122 @@ def test_more_tensors_than_one_launch_holds(device: str, amsgrad: bool) -> None:
         assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
 
 
+# --- A param listed twice: updated once per occurrence, in list order, as torch's CPU fused Adam ----
+
+
+def _repeated_rows(device: str, amsgrad: bool, order: str) -> Lists:
+    """fused_adam's lists for params named by `order` ("a" > 2 CPU tasks, "b" tiny, "c" non-dense),
+    each occurrence with the same tensors, as the optimizer builds them for a repeated param."""
+    gen = torch.Generator().manual_seed(7)
+    rows = {}
+    for name, shape in (("a", (70001,)), ("b", (5,)), ("c", (6, 9))):
+        p, g, m, v, x = (torch.randn(shape, generator=gen).to(device) for _ in range(5))
+        v, x = v.abs() * 0.1, v.abs() * 0.2
+        if name == "c":  # a transposed param and state: the kernels work on one copy, written back once
+            p, g, m, v, x = (t.t() for t in (p, g, m, v, x))
+        rows[name] = (p, g, m, v, x, torch.full((), 3.0, device=device))
+    lists: Lists = [[rows[n][k] for n in order] for k in range(6)]
+    if not amsgrad:
+        lists[4] = []
+    return lists
+
+
+def _torch_fused_cpu(lists: Lists, hyper: dict, **scalars) -> Lists:
+    """torch's fused Adam on CPU copies (one copy per distinct tensor): steps += 1 for every listed
+    step, then torch._fused_adam(w)_, which updates the listed tensors one after another."""
+    copies: dict[int, torch.Tensor] = {}
+    cpu = [[copies.setdefault(id(t), t.detach().cpu().clone()) for t in lst] for lst in lists]
+    torch._foreach_add_(cpu[5], 1)
+    op = torch._fused_adamw_ if hyper["decoupled_weight_decay"] else torch._fused_adam_
+    args = {k: v for k, v in hyper.items() if k != "decoupled_weight_decay"}
+    op(*cpu, **args, **{k: v.cpu() for k, v in scalars.items()})
+    return cpu
+
+
+@devices
+@pytest.mark.parametrize("amsgrad", [False, True], ids=["", "amsgrad"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["adam", "adamw"])
+@pytest.mark.parametrize("order", ["aba", "aab", "cbcac", "aaab"])
+def test_param_listed_twice_is_updated_per_occurrence_like_torch_fused(
+    device: str, amsgrad: bool, decoupled: bool, order: str
+) -> None:
+    """Each occurrence updates the param in turn, every one with t = step + k (k occurrences), the step
+    ends k higher and the grad is unscaled once per occurrence: what torch's fused Adam does on the
+    CPU. Before, the CPU kernel updated both occurrences at once from two threads (a race) with
+    t = step + 1; on CUDA two blocks of one launch would race the same way."""
+    _, hyper = _functional_args(device, amsgrad)
+    hyper["decoupled_weight_decay"] = decoupled
+    lists = _repeated_rows(device, amsgrad, order)
+    scale = torch.tensor(2.0, device=device)
+    expected = _torch_fused_cpu(lists, hyper, grad_scale=scale)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the race needed two threads; the rounds must not
+    try:
+        fused_adam(*lists, **hyper, grad_scale=scale)
+    finally:
+        torch.set_num_threads(threads)
+    for name, lst, exp in zip(_LIST_NAMES, lists, expected, strict=True):
+        for i, (t, e) in enumerate(zip(lst, exp, strict=True)):
+            torch.testing.assert_close(t.cpu(), e, msg=lambda m, name=name, i=i: f"{name}[{i}]: {m}")
+    # found_inf: nothing moves, the repeated steps included (their early increments are skipped too).
+    before = _clone_lists(lists)
+    fused_adam(*lists, **hyper, grad_scale=scale, found_inf=torch.ones((), device=device))
+    for name, lst, old in zip(_LIST_NAMES, lists, before, strict=True):
+        assert all(torch.equal(t, t0) for t, t0 in zip(lst, old, strict=True)), f"found_inf: {name} changed"
+
+
+@devices
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_optimizer_with_a_param_listed_twice_matches_torch_fused(device: str, kind: str) -> None:
+    """torch warns about a group that lists a param twice and, with fused=True on the CPU, updates it
+    once per occurrence; FusedAdam does the same, on every device and run after run."""
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params("cpu", shapes=[(70001,), (5,), (3, 4)])
+
+    def run(cls: type[torch.optim.Optimizer], dev: str, **kwargs) -> list[torch.Tensor]:
+        a, b, c = _leaves([t.to(dev) for t in base])
+        with pytest.warns(UserWarning, match="duplicate parameters"):
+            opt = cls([a, b, a, c, a], lr=1e-2, amsgrad=True, **kwargs)
+        _run(opt, [a, b, a, c, a], 3)
+        assert float(opt.state[a]["step"]) == 9 and float(opt.state[b]["step"]) == 3
+        return [t.detach().cpu() for t in (a, b, c)]
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = run(torch_cls, "cpu", fused=True)
+        first = run(fast_cls, device)
+        again = run(fast_cls, device)
+    finally:
+        torch.set_num_threads(threads)
+    for t, e, t2 in zip(first, expected, again, strict=True):
+        torch.testing.assert_close(t, e)
+        assert torch.equal(t, t2), "two identical runs differ"
+
+
+@devices
+def test_params_sharing_memory_or_steps_are_rejected(device: str) -> None:
+    """Different params that share memory (or a step) would be written by two threads at once: the op
+    refuses them, and a param listed twice must come with the same tensors both times."""
+    lists, hyper = _functional_args(device, shapes=[(6,), (5,)])
+    buf = torch.zeros(10, device=device)
+    bad = _clone_lists(lists)
+    bad[0] = [buf[:6], buf[4:9]]
+    with pytest.raises(RuntimeError, match=r"params\[0\] and params\[1\] share memory"):
+        fused_adam(*bad, **hyper)
+    bad = _clone_lists(lists)
+    bad[5][1] = bad[5][0]
+    with pytest.raises(RuntimeError, match=r"steps\[0\] and steps\[1\] share memory"):
+        fused_adam(*bad, **hyper)
+    bad = _clone_lists(lists)
+    for lst in bad[:4] + bad[5:]:
+        lst[1] = lst[0]
+    bad[2][1] = bad[2][0].clone()
+    with pytest.raises(RuntimeError, match=r"params\[1\] is params\[0\] again but comes with other tensors"):
+        fused_adam(*bad, **hyper)
+    assert all(float(s) == 3.0 for s in lists[5]), "a rejected call changed a step"
+
+
 @devices
 @dtypes
 def test_non_dense_grads_written_back_unscaled(device: str, dtype: torch.dtype) -> None:
@@ -749,31 +865,131 @@ def test_decoupled_flag_closure_and_defaults() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        ({"lr": -1e-3}, "learning rate"),
-        ({"lr": math.nan}, "learning rate"),
-        ({"betas": (1.0, 0.999)}, "beta parameter at index 0"),
-        ({"betas": (0.9, -0.1)}, "beta parameter at index 1"),
-        ({"eps": -1e-8}, "epsilon"),
-        ({"weight_decay": -0.1}, "weight_decay"),
-        ({"lr": torch.ones(2)}, "1-element"),
-        ({"foreach": True}, "foreach"),
-        ({"fused": False}, "fused"),
-        ({"differentiable": True}, "differentiable"),
+        ({"lr": -1e-3}, ValueError, "learning rate"),
+        ({"lr": math.nan}, ValueError, "learning rate"),
+        ({"betas": (1.0, 0.999)}, ValueError, "beta parameter at index 0"),
+        ({"betas": (0.9, -0.1)}, ValueError, "beta parameter at index 1"),
+        ({"betas": (0.9, 0.999, 0.5)}, ValueError, "betas must be a pair"),
+        ({"eps": -1e-8}, ValueError, "epsilon"),
+        ({"weight_decay": -0.1}, ValueError, "weight_decay"),
+        ({"lr": torch.ones(2)}, ValueError, "1-element"),
+        ({"foreach": True}, RuntimeError, "foreach"),
+        ({"fused": False}, RuntimeError, "fused"),
+        ({"differentiable": True}, RuntimeError, "differentiable"),
     ],
 )
-def test_bad_hyperparameters(kwargs: dict, match: str) -> None:
+def test_bad_hyperparameters(kwargs: dict, error: type[Exception], match: str) -> None:
     p = torch.zeros(3, requires_grad=True)
     for cls in (FusedAdam, FusedAdamW):
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(error, match=match):
             cls([p], **kwargs)
         opt = cls([p])
         bad_group = {"params": [torch.zeros(2, requires_grad=True)], **kwargs}
         if "lr" in kwargs or "betas" in kwargs or "eps" in kwargs or "weight_decay" in kwargs:
-            with pytest.raises(ValueError, match=match):
+            with pytest.raises(error, match=match):
                 opt.add_param_group(bad_group)
             assert len(opt.param_groups) == 1
+
+
+def _outcome(make: Callable[[], object]) -> type[Exception] | None:
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e)
+    return None
+
+
+# Constructor arguments torch.optim.Adam(fused=True) rejects (or accepts), each with the exception type
+# it raises; FusedAdam must fail (or not) the same way. Extra checks of ours are in test_bad_hyperparameters.
+CONSTRUCTOR_CASES = {
+    "lr<0": {"lr": -1e-3},
+    "lr=nan": {"lr": math.nan},
+    "lr=inf": {"lr": math.inf},
+    "lr=str": {"lr": "0.1"},
+    "lr=None": {"lr": None},
+    "lr=tensor<0": {"lr": torch.tensor(-1.0)},
+    "lr=2 elements": {"lr": torch.ones(2)},
+    "lr=tensor, foreach": {"lr": torch.tensor(1e-3), "foreach": True},
+    "eps<0": {"eps": -1.0},
+    "eps=nan": {"eps": math.nan},
+    "eps=str": {"eps": "x"},
+    "eps=2 elements": {"eps": torch.ones(2)},
+    "weight_decay<0": {"weight_decay": -1.0},
+    "weight_decay=inf": {"weight_decay": math.inf},
+    "weight_decay=str": {"weight_decay": "x"},
+    "betas=(1, .999)": {"betas": (1.0, 0.999)},
+    "betas=(nan, .999)": {"betas": (math.nan, 0.999)},
+    "betas=(.9,)": {"betas": (0.9,)},
+    "betas=None": {"betas": None},
+    "betas=str": {"betas": "ab"},
+    "betas=2 elements": {"betas": (torch.tensor(0.9), torch.tensor([0.99, 0.5]))},
+    "betas=tensors >= 1": {"betas": (torch.tensor(1.5), torch.tensor(0.9))},
+    "betas=float and tensor": {"betas": (0.9, torch.tensor(0.99))},
+    "betas=tensor and float": {"betas": (torch.tensor(0.9), 0.99)},
+    "betas=ints": {"betas": (0, 0.999)},
+    "betas=tensors": {"betas": (torch.tensor(0.9), torch.tensor([0.99]))},
+    "betas=tensors, foreach": {"betas": (torch.tensor(0.9), torch.tensor(0.99)), "foreach": True},
+    "foreach": {"foreach": True},
+    "differentiable": {"differentiable": True},
+    "foreach and differentiable": {"foreach": True, "differentiable": True},
+    "foreach, capturable": {"foreach": True, "capturable": True, "lr": torch.tensor(1e-3)},
+}
+
+
+@pytest.mark.parametrize("kwargs", CONSTRUCTOR_CASES.values(), ids=CONSTRUCTOR_CASES.keys())
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_constructor_errors_have_torchs_exception_types(kwargs: dict, kind: str) -> None:
+    """A drop-in fails where and as the original fails: the exception type of torch's fused Adam
+    (our messages name the class and say what was expected)."""
+    torch_cls, fast_cls = PAIRS[kind]
+    fused = {} if "fused" in kwargs else {"fused": True}
+    expected = _outcome(lambda: torch_cls([torch.zeros(3, requires_grad=True)], **kwargs, **fused))
+    got = _outcome(lambda: fast_cls([torch.zeros(3, requires_grad=True)], **kwargs))
+    assert got is expected
+
+
+@pytest.mark.parametrize(
+    "params, error",
+    [([], ValueError), ([torch.zeros(3, requires_grad=True) * 2], ValueError), (torch.zeros(3), TypeError)],
+    ids=["empty", "non-leaf", "a tensor"],
+)
+def test_params_errors_come_first_as_in_torch(params: object, error: type[Exception]) -> None:
+    """torch checks the params before the fused flags: a bad params list wins over foreach=True."""
+    with pytest.raises(error):
+        torch.optim.AdamW(params, foreach=True, fused=True)  # type: ignore[arg-type]
+    with pytest.raises(error):
+        FusedAdamW(params, foreach=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_tensor_betas_are_kept_and_read_at_every_step(kind: str) -> None:
+    """As in torch: param_groups hold the caller's beta tensors (squeezed to 0-d views), and a change
+    made in place after construction reaches the next step."""
+    torch_cls, fast_cls = PAIRS[kind]
+    base = _params("cpu", shapes=[(7, 5), (33,), ()])
+    ours, theirs = _leaves(base), _leaves(base)
+    betas_ours = (torch.tensor(0.9), torch.tensor([0.999]))
+    betas_theirs = (torch.tensor(0.9), torch.tensor([0.999]))
+    opt = fast_cls(ours, lr=1e-2, betas=betas_ours)
+    ref = torch_cls(theirs, lr=1e-2, betas=betas_theirs, fused=True)
+    for opt_, given in ((opt, betas_ours), (ref, betas_theirs)):
+        kept = opt_.param_groups[0]["betas"]
+        assert isinstance(kept, tuple) and all(isinstance(b, torch.Tensor) and b.dim() == 0 for b in kept)
+        assert kept[0] is given[0] and kept[1].data_ptr() == given[1].data_ptr()
+    _run(opt, ours, 2)
+    _run(ref, theirs, 2)
+    for b in (*betas_ours, *betas_theirs):
+        b.mul_(0.5)  # 0.45 and 0.4995 from now on
+    _run(opt, ours, 2, start=2)
+    _run(ref, theirs, 2, start=2)
+    _assert_state_equal(opt, ref)
+    # Without the change the result differs: the new betas were used.
+    stale = _leaves(base)
+    stale_opt = fast_cls(stale, lr=1e-2, betas=(0.9, 0.999))
+    _run(stale_opt, stale, 4)
+    assert not torch.equal(stale[0], ours[0])
 
 
 def test_bad_hyperparameters_at_step() -> None:

@@ -6,8 +6,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <fastops/checks.h>
+#include <fastops/multi_tensor.h>
 
 #include <cmath>
+#include <map>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -58,10 +60,11 @@ inline bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
 
 // The lists the kernels walk: every tensor of index i has the memory order of work.params[i], so
 // the kernels index all five flat. Tensors that had another layout are replaced by copies, written
-// back by finish().
+// back by finish(). A param listed again shares the working tensors of its first occurrence.
 struct Work {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back;  // (caller's tensor, working copy)
+  multi_tensor::Repeats repeats;                             // of params: the rounds of the update
 
   void finish() {
     for (auto& [original, working] : copy_back) original.copy_(working);
@@ -75,7 +78,9 @@ inline void check_list_size(const char* arg, size_t got, size_t want) {
 }
 
 // Checks the lists and builds the working set. All tensors must be on `device`; steps are 1-element
-// float32 tensors on that device (the optimizer keeps them there, as torch's fused Adam does).
+// float32 tensors on that device (the optimizer keeps them there, as torch's fused Adam does). A
+// param listed again (the optimizer does so for a param listed twice in a group) must come with the
+// same grad, state and step; different params must not share memory, nor a step.
 inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                     at::TensorList max_exp_avg_sqs, at::TensorList steps, bool amsgrad, bool writes_grads) {
   const size_t n = params.size();
@@ -97,7 +102,24 @@ inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList 
   if (amsgrad) w.max_exp_avg_sqs.reserve(n);
   if (n == 0) return w;
   const at::Device device = params[0].device();
+  w.repeats = multi_tensor::find_repeats(params);
   for (size_t i = 0; i < n; ++i) {
+    const size_t f = w.repeats.first[i];
+    if (f != i) {
+      const bool same_state = grads[i].is_same(grads[f]) && exp_avgs[i].is_same(exp_avgs[f]) &&
+                              exp_avg_sqs[i].is_same(exp_avg_sqs[f]) && steps[i].is_same(steps[f]) &&
+                              (!amsgrad || max_exp_avg_sqs[i].is_same(max_exp_avg_sqs[f]));
+      TORCH_CHECK(same_state, "fastops.fused_adam_: params[", i, "] is params[", f,
+                  "] again but comes with other tensors; a param listed twice must come with the same grad, "
+                  "exp_avg, exp_avg_sq, max_exp_avg_sq and step");
+      w.params.push_back(w.params[f]);
+      w.grads.push_back(w.grads[f]);
+      w.exp_avgs.push_back(w.exp_avgs[f]);
+      w.exp_avg_sqs.push_back(w.exp_avg_sqs[f]);
+      if (amsgrad) w.max_exp_avg_sqs.push_back(w.max_exp_avg_sqs[f]);
+      w.steps.push_back(w.steps[f]);
+      continue;
+    }
     const at::Tensor& p = params[i];
     TORCH_CHECK(p.layout() == at::kStrided, "fastops.fused_adam_: sparse params are not supported");
     TORCH_CHECK(!p.is_complex(), "fastops.fused_adam_: complex params are not supported (view them as real)");
@@ -137,7 +159,26 @@ inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList 
     if (amsgrad) w.max_exp_avg_sqs.push_back(working(max_exp_avg_sqs[i], true));
     w.steps.push_back(s);
   }
+  multi_tensor::check_disjoint("fused_adam_", "params", w.params, w.repeats.first);
+  multi_tensor::check_disjoint("fused_adam_", "steps", w.steps, w.repeats.first);
   return w;
+}
+
+// Rows of the update grouped by (round, dtype), in round order: one parallel region (CPU) or one
+// multi-tensor apply (CUDA) per group, so that no group holds a tensor twice.
+inline std::map<std::pair<int, at::ScalarType>, std::vector<size_t>> groups(const Work& w) {
+  std::map<std::pair<int, at::ScalarType>, std::vector<size_t>> out;
+  for (size_t i = 0; i < w.params.size(); ++i) out[{w.repeats.round[i], w.params[i].scalar_type()}].push_back(i);
+  return out;
+}
+
+// The steps of the rows in round r.
+inline std::vector<at::Tensor> steps_of_round(const Work& w, int r) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < w.steps.size(); ++i) {
+    if (w.repeats.round[i] == r) out.push_back(w.steps[i]);
+  }
+  return out;
 }
 
 // How weight decay enters: not at all, added to the gradient (Adam), or decoupled (AdamW).
