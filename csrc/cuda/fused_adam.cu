@@ -21,6 +21,7 @@
 #include <fastops/checks.h>
 #include <torch/library.h>
 #include <fastops/adam_functor.cuh>
+#include <fastops/cuda_common.cuh>
 #include <fastops/multi_tensor_apply.cuh>
 
 #include <array>
@@ -107,18 +108,19 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   for (const auto& entry : adam::groups(w)) {
     const std::vector<size_t>& idx = entry.second;
     // fp32, fp16, bf16 only: prepare() rejected fp64 on CUDA.
-    AT_DISPATCH_SWITCH(entry.first.second, "fastops_fused_adam_cuda", AT_DISPATCH_CASE(at::kFloat, [&] {
-                         launch_dtype<scalar_t>(w, idx, h, args, stream);
-                       }) AT_DISPATCH_CASE(at::kHalf, [&] {
-                         launch_dtype<scalar_t>(w, idx, h, args, stream);
-                       }) AT_DISPATCH_CASE(at::kBFloat16, [&] { launch_dtype<scalar_t>(w, idx, h, args, stream); }));
-  }
-  if (w.repeats.rounds == 1) {
-    mta::increment_counters<float>(w.steps, args.found_inf, stream);
-  } else {
-    mta::increment_counters<float>(adam::steps_of_round(w, 0), args.found_inf, stream);
-  }
-  w.finish();
+    FASTOPS_DISPATCH_FLOAT_HALF_BF16(entry.first.second, "fastops_fused_adam_cuda",
+                                     [&] { launch_dtype<scalar_t>(w, idx, h, args, stream); });
+  }) AT_DISPATCH_CASE(at::kHalf, [&] {
+    launch_dtype<scalar_t>(w, idx, h, args, stream);
+                       }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
+    launch_dtype<scalar_t>(w, idx, h, args, stream); }));
+}
+if (w.repeats.rounds == 1) {
+  mta::increment_counters<float>(w.steps, args.found_inf, stream);
+} else {
+  mta::increment_counters<float>(adam::steps_of_round(w, 0), args.found_inf, stream);
+}
+w.finish();
 }
 
 }  // namespace
