@@ -110,17 +110,13 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
     // fp32, fp16, bf16 only: prepare() rejected fp64 on CUDA.
     FASTOPS_DISPATCH_FLOAT_HALF_BF16(entry.first.second, "fastops_fused_adam_cuda",
                                      [&] { launch_dtype<scalar_t>(w, idx, h, args, stream); });
-  }) AT_DISPATCH_CASE(at::kHalf, [&] {
-    launch_dtype<scalar_t>(w, idx, h, args, stream);
-                       }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-    launch_dtype<scalar_t>(w, idx, h, args, stream); }));
-}
-if (w.repeats.rounds == 1) {
-  mta::increment_counters<float>(w.steps, args.found_inf, stream);
-} else {
-  mta::increment_counters<float>(adam::steps_of_round(w, 0), args.found_inf, stream);
-}
-w.finish();
+  }
+  if (w.repeats.rounds == 1) {
+    mta::increment_counters<float>(w.steps, args.found_inf, stream);
+  } else {
+    mta::increment_counters<float>(adam::steps_of_round(w, 0), args.found_inf, stream);
+  }
+  w.finish();
 }
 
 }  // namespace
