@@ -48,7 +48,7 @@ PASSES = ("fwd", "dgrad", "wgrad", "full")
 
 def _eager_backward(
     x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, stride: int, pad: int, mask: list[bool]
-):  # noqa: ANN202
+):
     return torch.ops.aten.convolution_backward(
         g, x, w, [w.shape[0]], [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], w.shape[0], mask
     )

@@ -30,7 +30,7 @@ from benchmarks import common
 OP = "gelu"
 
 
-def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):  # noqa: ANN001, ANN202
+def _grad_input(fn, x: torch.Tensor, g: torch.Tensor, extra: tuple = ()):
     """A closure timing forward + backward of fn(x, *extra) for the upstream gradient g."""
     leaves = (
         x.detach().clone().requires_grad_(True),
@@ -155,7 +155,7 @@ def mlp_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
         for name, block in blocks.items():
             xi = x.detach().clone().requires_grad_(True)
 
-            def step(block=block, xi=xi, g=g) -> tuple[torch.Tensor, ...]:  # noqa: ANN001
+            def step(block=block, xi=xi, g=g) -> tuple[torch.Tensor, ...]:
                 return torch.autograd.grad(block(xi), [xi, *block.parameters()], g)
 
             steps[name] = step

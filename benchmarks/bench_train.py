@@ -37,7 +37,7 @@ CONFIGS = {
 }
 
 
-def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode: str, memory_format):  # noqa: ANN001, ANN201
+def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode: str, memory_format):
     spec = CONFIGS[config]
     torch.manual_seed(0)
     num_classes = 10
@@ -78,7 +78,7 @@ def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode:
     return step
 
 
-def profile_step(step, device: str, title: str) -> None:  # noqa: ANN001
+def profile_step(step, device: str, title: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):

@@ -53,7 +53,7 @@ def _inputs(case: tuple, dtype: torch.dtype, bias: bool = True, channels_last: b
     return [t.to(dtype) if t is not None else None for t in (x, dw, db, pw, pb)]
 
 
-def _forward_backward(fn, inputs, args, g=None):  # noqa: ANN001, ANN202
+def _forward_backward(fn, inputs, args, g=None):
     leaves = [t.detach().requires_grad_(True) if t is not None else None for t in inputs]
     y = fn(*leaves, *args)
     if g is None:
@@ -68,16 +68,16 @@ class _StoredAs(torch.autograd.Function):
     that the computation keeps in `dtype` in memory."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         ctx.dtype = dtype
         return t.to(dtype).to(t.dtype)
 
     @staticmethod
-    def backward(ctx, g: torch.Tensor):  # noqa: ANN001, ANN205
+    def backward(ctx, g: torch.Tensor):
         return g.to(ctx.dtype).to(g.dtype), None
 
 
-def _correctly_rounded(x, dw, db, pw, pb, stride, padding, dilation, *, dtype):  # noqa: ANN001, ANN202
+def _correctly_rounded(x, dw, db, pw, pb, stride, padding, dilation, *, dtype):
     """The reference on float64 inputs, exact except that the depthwise output z and its gradient
     are rounded to `dtype` (as the op's contract and eager's unfused pair keep them): round its
     results to `dtype` and they are what a correctly rounded computation in `dtype` returns."""
