@@ -455,11 +455,11 @@ def _repeated_rows(device: str, amsgrad: bool, order: str) -> Lists:
     each occurrence with the same tensors, as the optimizer builds them for a repeated param."""
     gen = torch.Generator().manual_seed(7)
     rows = {}
-    for name, shape in (("a", (70001,)), ("b", (5,)), ("c", (6, 9))):
+    for name, shape in (("a", (70001,)), ("b", (5,)), ("c", (6, 18))):
         p, g, m, v, x = (torch.randn(shape, generator=gen).to(device) for _ in range(5))
-        v, x = v.abs() * 0.1, v.abs() * 0.2
-        if name == "c":  # a transposed param and state: the kernels work on one copy, written back once
-            p, g, m, v, x = (t.t() for t in (p, g, m, v, x))
+        v, x = v.abs() * 0.1, x.abs() * 0.2
+        if name == "c":  # not dense: the kernels work on one copy of each, written back once
+            p, g, m, v, x = (t[:, ::2] for t in (p, g, m, v, x))
         rows[name] = (p, g, m, v, x, torch.full((), 3.0, device=device))
     lists: Lists = [[rows[n][k] for n in order] for k in range(6)]
     if not amsgrad:

@@ -210,7 +210,8 @@ void multi_tensor_apply(const std::array<const std::vector<at::Tensor>*, Functor
 }
 
 // Step counters: each 1-element tensor of type C += 1, unless *found_inf != 0 (found_inf may be
-// null). Queued after the update launches on the same stream, so they all read the counts from before.
+// null), in one small launch per kCapacity counters. Stream order places them against the updates
+// (Adam queues them after its launches, which so read the counts from before the call).
 template <typename C>
 struct CounterTable {
   static constexpr int kCapacity = static_cast<int>((kArgBytes - kArgReserve) / sizeof(C*));
