@@ -1,6 +1,6 @@
 """Plain-PyTorch Adam / AdamW step over lists of tensors: what fastops.optim's kernel computes.
 
-Same arguments as ``fastops.optim.fused_adam.fused_adam`` and the same contract (steps incremented
+Same arguments as ``fastops.ops.fused_adam.fused_adam`` and the same contract (steps incremented
 here, grads written back unscaled when ``grad_scale`` is given, nothing touched when ``found_inf``
 is nonzero), one tensor at a time with the operations of ``torch.optim.Adam(foreach=False)``. It
 reads found_inf on the host, which the kernels never do.
