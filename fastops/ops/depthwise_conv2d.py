@@ -139,5 +139,5 @@ def _backward(ctx, grad_out: Tensor):
 
 
 torch.library.register_autograd("fastops::depthwise_conv2d", _backward, setup_context=_setup_context)
-# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/cpu/depthwise_conv2d.cpp),
+# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/autocast.cpp),
 # since torch.library.register_autocast can only name a fixed dtype.

@@ -165,4 +165,4 @@ torch.library.register_autograd(
     "fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context
 )
 # Autocast (conv2d's policy: run in the autocast dtype) is registered in C++
-# (csrc/cpu/depthwise_separable_conv2d.cpp).
+# (csrc/autocast.cpp).
