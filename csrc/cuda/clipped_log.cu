@@ -37,7 +37,7 @@ struct ClippedLogBackward {
 
 at::Tensor clipped_log(const at::Tensor& x_in, double eps, bool /*straight_through*/) {
   check_floating("clipped_log", "x", x_in);
-  check_positive_finite("clipped_log", "eps", eps);
+  check_positive_fits_compute_type("clipped_log", "eps", eps, x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = densify(x_in);
   at::Tensor y = at::empty_like(x);
@@ -54,7 +54,7 @@ at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_i
   check_same_device("clipped_log_backward", "grad_out", grad_in, "x", x_in);
   check_same_dtype("clipped_log_backward", "grad_out", grad_in, "x", x_in);
   check_same_shape("clipped_log_backward", "grad_out", grad_in, "x", x_in);
-  check_positive_finite("clipped_log_backward", "eps", eps);
+  check_positive_fits_compute_type("clipped_log_backward", "eps", eps, x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = densify(x_in);
   const at::Tensor grad = match_layout(grad_in, x);

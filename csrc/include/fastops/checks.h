@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 namespace fastops {
@@ -59,6 +60,19 @@ inline void check_same_shape(const char* op, const char* arg, const at::Tensor& 
 inline void check_positive_finite(const char* op, const char* arg, double value) {
   TORCH_CHECK(std::isfinite(value) && value > 0.0, "fastops.", op, ": expected ", arg,
               " to be a finite number > 0, got ", str(value));
+}
+
+// A finite, positive value that stays so in the type a kernel computes in for input `x` (float64 for
+// float64 input, float32 otherwise): eps=1e39 would become +inf in float32, silently changing every
+// output. The Python face checks the same range; this guards direct torch.ops.fastops calls.
+inline void check_positive_fits_compute_type(const char* op, const char* arg, double value, const at::Tensor& x) {
+  check_positive_finite(op, arg, value);
+  const bool fp64 = x.scalar_type() == at::kDouble;
+  const double lo = fp64 ? std::numeric_limits<double>::denorm_min() : std::numeric_limits<float>::denorm_min();
+  const double hi = fp64 ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  TORCH_CHECK(value >= lo && value <= hi, "fastops.", op, ": ", arg, "=", str(value), " does not fit ",
+              fp64 ? "float64" : "float32", " (the type ", op, " computes in for ", str(x.scalar_type()),
+              " input): expected ", str(lo), " <= ", arg, " <= ", str(hi));
 }
 
 // Elementwise kernels walk memory flat. A tensor qualifies when it is non-overlapping and dense
