@@ -155,26 +155,28 @@ def _act_forward(h: Tensor, act: str) -> Tensor:
     return F.gelu(h)
 
 
-def _act_derivative(h: Tensor, act: str) -> Tensor:
-    """act'(h), as aten's backward kernels compute it (relu' = 0 at 0 and for NaN)."""
+def _act_backward(grad: Tensor, h: Tensor, act: str) -> Tensor:
+    """grad * act'(h), in the form of aten's backward kernels (relu selects, so a NaN or inf grad
+    where h <= 0 gives 0 there, as eager does)."""
     if act == "relu":
-        return (h > 0).to(h.dtype)
+        return torch.where(h > 0, grad, 0.0)
     if act == "silu":
         sig = torch.sigmoid(h)
-        return sig * (1 + h * (1 - sig))
+        return grad * sig * (1 + h * (1 - sig))
     cdf = 0.5 * torch.special.erfc(-h * math.sqrt(0.5))
-    return cdf + h * torch.exp(-0.5 * h * h) * _INV_SQRT_2PI
+    return grad * (cdf + h * torch.exp(-0.5 * h * h) * _INV_SQRT_2PI)
 
 
 def _gate_forward(z: Tensor, gate: str) -> Tensor:
     return torch.sigmoid(z) if gate == "sigmoid" else F.hardsigmoid(z)
 
 
-def _gate_derivative(z: Tensor, s: Tensor, gate: str) -> Tensor:
-    """gate'(z) from z and s = gate(z); hardsigmoid's is 1/6 strictly inside (-3, 3), as aten's."""
+def _gate_backward(grad: Tensor, z: Tensor, s: Tensor, gate: str) -> Tensor:
+    """grad * gate'(z) from z and s = gate(z), in aten's forms: sigmoid's grad * (1 - s) * s;
+    hardsigmoid's grad / 6 selected strictly inside (-3, 3), 0 elsewhere (also for a NaN grad)."""
     if gate == "sigmoid":
-        return s * (1 - s)
-    return ((z > -3) & (z < 3)).to(z.dtype) / 6
+        return grad * (1 - s) * s
+    return torch.where((z > -3) & (z < 3), grad / 6, 0.0)
 
 
 def _linear_in(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -220,12 +222,12 @@ class _SqueezeExcite(torch.autograd.Function):
         grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
         grad_scale = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad_out, x)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            grad_pre = grad_scale * _gate_derivative(pre_gate, scale, ctx.gate)
+            grad_pre = _gate_backward(grad_scale, pre_gate, scale, ctx.gate)
             if need[3]:
                 grad_w2 = (grad_pre.t() @ _act_forward(hidden, ctx.act)).to(fc2_weight.dtype)
             if need[4]:
                 grad_b2 = grad_pre.sum(0).to(ctx.bias_dtypes[1])
-            grad_hidden = (grad_pre @ fc2_weight.to(dtype)) * _act_derivative(hidden, ctx.act)
+            grad_hidden = _act_backward(grad_pre @ fc2_weight.to(dtype), hidden, ctx.act)
             if need[1]:
                 grad_w1 = (grad_hidden.t() @ pooled).to(fc1_weight.dtype)
             if need[2]:
