@@ -46,7 +46,12 @@ class SEBlock(nn.Module):
 
     def __init__(self, channels: int, reduced: int, act: nn.Module, gate: nn.Module) -> None:
         super().__init__()
-        self.fc1, self.act, self.fc2, self.gate = nn.Linear(channels, reduced), act, nn.Linear(reduced, channels), gate
+        self.fc1, self.act, self.fc2, self.gate = (
+            nn.Linear(channels, reduced),
+            act,
+            nn.Linear(reduced, channels),
+            gate,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.gate(self.fc2(self.act(self.fc1(x.mean((2, 3))))))[:, :, None, None]
@@ -60,7 +65,9 @@ def options(parser: argparse.ArgumentParser) -> None:
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     device = args.device
     batch = args.batch or (8 if device == "cpu" else 64)
-    for name, c, r, side, act, gate in common.select_shapes(SHAPES, args.shapes, QUICK if args.quick else None):
+    for name, c, r, side, act, gate in common.select_shapes(
+        SHAPES, args.shapes, QUICK if args.quick else None
+    ):
         for layout in ("nchw", "channels_last"):
             fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
             for dtype in (torch.float32, torch.bfloat16):
@@ -71,17 +78,21 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                     "eager": eager,
                     "compile": torch.compile(eager, dynamic=False),
                 }
-                x = torch.randn(batch, c, side, side, device=device, dtype=dtype).contiguous(memory_format=fmt)
+                x = torch.randn(batch, c, side, side, device=device, dtype=dtype).contiguous(
+                    memory_format=fmt
+                )
                 g = torch.randn_like(x)
                 n = x.numel() * x.element_size()
                 size = f"{batch}x{c}x{side}x{side}-{layout}"
-                fwd = {k: (lambda b=b: b(x)) for k, b in blocks.items()}
+                fwd = {k: (lambda b=b, x=x: b(x)) for k, b in blocks.items()}
                 yield common.BenchCase(name, "fwd", dtype, size, fwd, nbytes=3 * n, grad=False)
                 steps = {}
                 for k, b in blocks.items():
                     xi = x.detach().clone().requires_grad_(True)
 
-                    def step(b: nn.Module = b, xi: torch.Tensor = xi) -> tuple[torch.Tensor, ...]:
+                    def step(
+                        b: nn.Module = b, xi: torch.Tensor = xi, g: torch.Tensor = g
+                    ) -> tuple[torch.Tensor, ...]:
                         return torch.autograd.grad(b(xi), [xi, *b.parameters()], g)
 
                     steps[k] = step

@@ -197,7 +197,7 @@ at::Tensor squeeze_excite_scale(const at::Tensor& x_in, const at::Tensor& scale_
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_squeeze_excite_scale_cpu", [&] {
     channel_affine<scalar_t, false>(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-                             scale.const_data_ptr<opmath_t<scalar_t>>(), nullptr, se_shape(x, cl));
+                                    scale.const_data_ptr<opmath_t<scalar_t>>(), nullptr, se_shape(x, cl));
   });
   return y;
 }
@@ -239,8 +239,8 @@ at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Te
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "fastops_squeeze_excite_backward_input_cpu", [&] {
         using M = opmath_t<scalar_t>;
-        channel_affine<scalar_t, true>(dx.data_ptr<scalar_t>(), grad.const_data_ptr<scalar_t>(), scale.const_data_ptr<M>(),
-                                 shift.const_data_ptr<M>(), shape);
+        channel_affine<scalar_t, true>(dx.data_ptr<scalar_t>(), grad.const_data_ptr<scalar_t>(),
+                                       scale.const_data_ptr<M>(), shift.const_data_ptr<M>(), shape);
       });
   return dx;
 }

@@ -51,8 +51,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // sum over [0, len) of a[i] (* b[i] with kProduct) by the kRowThreads threads of one row group,
 // thread `lane` of them; V elements per load.
 template <typename T, int V, bool kProduct>
-__device__ float strided_row_sum(const T* __restrict__ a, const T* __restrict__ b, int64_t len, int lane,
-                                 int threads) {
+__device__ float strided_row_sum(const T* __restrict__ a, const T* __restrict__ b, int64_t len, int lane, int threads) {
   using Vec = Vector<T, V>;
   float acc = 0.f;
   for (int64_t i = static_cast<int64_t>(lane) * V; i < len; i += static_cast<int64_t>(threads) * V) {
@@ -71,9 +70,9 @@ __device__ float strided_row_sum(const T* __restrict__ a, const T* __restrict__ 
 
 // NCHW: out[r] = sum over row r (/ divisor); kRowThreads threads per row, kThreads / kRowThreads rows per block.
 template <typename T, int V, bool kProduct, int kRowThreads>
-__global__ void __launch_bounds__(kThreads) nchw_row_sums_kernel(float* __restrict__ out, const T* __restrict__ a,
-                                                                 const T* __restrict__ b, int64_t rows, int64_t len,
-                                                                 float divisor) {
+__global__ void __launch_bounds__(kThreads)
+    nchw_row_sums_kernel(float* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, int64_t rows,
+                         int64_t len, float divisor) {
   constexpr int kRowsPerBlock = kThreads / kRowThreads;
   const int group = threadIdx.x / kRowThreads, lane = threadIdx.x % kRowThreads;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + group;
@@ -97,10 +96,9 @@ __global__ void __launch_bounds__(kThreads) nchw_row_sums_kernel(float* __restri
 // NHWC: partial[z, n, c] = sum over the HW rows of split z of a (* b); grid (channel blocks * N, 1, splits)
 // (N folded into x: grid.y stops at 65535).
 template <typename T, int V, bool kProduct>
-__global__ void __launch_bounds__(kThreads) nhwc_partial_sums_kernel(float* __restrict__ partial,
-                                                                     const T* __restrict__ a, const T* __restrict__ b,
-                                                                     int64_t N, int64_t C, int64_t HW,
-                                                                     int64_t channel_blocks, int64_t rows_per_split) {
+__global__ void __launch_bounds__(kThreads)
+    nhwc_partial_sums_kernel(float* __restrict__ partial, const T* __restrict__ a, const T* __restrict__ b, int64_t N,
+                             int64_t C, int64_t HW, int64_t channel_blocks, int64_t rows_per_split) {
   using Vec = Vector<T, V>;
   __shared__ float block_acc[kBlockRows][kWarp * V];
   const int64_t n = blockIdx.x / channel_blocks;

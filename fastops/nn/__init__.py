@@ -6,4 +6,12 @@ from fastops.nn.depthwise_separable_conv2d import DepthwiseSeparableConv2d
 from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
 from fastops.nn.squeeze_excite import SqueezeExcite
 
-__all__ = ["BiasGELU", "ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "GELU", "LinearGELU", "SqueezeExcite"]
+__all__ = [
+    "BiasGELU",
+    "ClippedLog",
+    "DepthwiseConv2d",
+    "DepthwiseSeparableConv2d",
+    "GELU",
+    "LinearGELU",
+    "SqueezeExcite",
+]

@@ -108,7 +108,10 @@ class SqueezeExcite(nn.Module):
             fc1: nn.Module = nn.Conv2d(channels, reduced_channels, 1, **factory)
             fc2: nn.Module = nn.Conv2d(reduced_channels, channels, 1, **factory)
         else:
-            fc1, fc2 = nn.Linear(channels, reduced_channels, **factory), nn.Linear(reduced_channels, channels, **factory)
+            fc1, fc2 = (
+                nn.Linear(channels, reduced_channels, **factory),
+                nn.Linear(reduced_channels, channels, **factory),
+            )
         self.add_module(self.fc_names[0], fc1)
         self.add_module(self.fc_names[1], fc2)
 
@@ -166,7 +169,10 @@ def _form_of(m: nn.Module) -> _Form | None:
 
 def _has_hooks(m: nn.Module) -> bool:
     return bool(
-        m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or getattr(m, "_backward_pre_hooks", None)
+        m._forward_hooks
+        or m._forward_pre_hooks
+        or m._backward_hooks
+        or getattr(m, "_backward_pre_hooks", None)
     )
 
 
@@ -207,7 +213,9 @@ def _skip_reason(m: nn.Module) -> str | None:
     form = _form_of(m)
     if form is None:
         return "not a recognised SE block"
-    fc1, fc2 = (getattr(m, name, None) for name in form.fc_names)
+    # Any: the FCs are nn.Linear or nn.Conv2d once the checks below pass.
+    fc1: Any = getattr(m, form.fc_names[0], None)
+    fc2: Any = getattr(m, form.fc_names[1], None)
     for name, fc in zip(form.fc_names, (fc1, fc2), strict=True):
         if not isinstance(fc, nn.Module):
             return f"{name} is missing"
@@ -236,7 +244,7 @@ def _skip_reason(m: nn.Module) -> str | None:
     return None
 
 
-def _probe_plain(m: nn.Module, fc1: nn.Module, fc2: nn.Module) -> str | None:
+def _probe_plain(m: Any, fc1: Any, fc2: Any) -> str | None:
     """A module with the plain block's children is swapped only if its forward is the SE formula:
     one tiny forward (2 x C x 2 x 3) is compared with :func:`fastops.reference.squeeze_excite`."""
     from fastops.reference.squeeze_excite import squeeze_excite as reference
@@ -254,7 +262,9 @@ def _probe_plain(m: nn.Module, fc1: nn.Module, fc2: nn.Module) -> str | None:
     except Exception as exc:  # noqa: BLE001  (any failure means: not the formula we fuse)
         return f"its forward failed on a probe input ({type(exc).__name__}), so it is not checked as SE"
     tol = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2
-    if not (isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got, want, rtol=tol, atol=tol)):
+    if not (
+        isinstance(got, Tensor) and got.shape == want.shape and torch.allclose(got, want, rtol=tol, atol=tol)
+    ):
         return "its forward is not x * gate(fc2(act(fc1(x.mean((2, 3))))))[:, :, None, None]"
     return None
 

@@ -7,4 +7,12 @@ from fastops.ops.fused_adam import fused_adam
 from fastops.ops.gelu import bias_gelu, gelu
 from fastops.ops.squeeze_excite import squeeze_excite
 
-__all__ = ["bias_gelu", "clipped_log", "depthwise_conv2d", "depthwise_separable_conv2d", "fused_adam", "gelu", "squeeze_excite"]
+__all__ = [
+    "bias_gelu",
+    "clipped_log",
+    "depthwise_conv2d",
+    "depthwise_separable_conv2d",
+    "fused_adam",
+    "gelu",
+    "squeeze_excite",
+]

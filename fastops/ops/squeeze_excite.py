@@ -51,7 +51,9 @@ def _check_activation(op: str, arg: str, t: Tensor) -> None:
 
 def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> None:
     if t.device != x.device:
-        raise RuntimeError(f"fastops.{op}: expected {arg} on the same device as {x_arg} ({x.device}), got {t.device}")
+        raise RuntimeError(
+            f"fastops.{op}: expected {arg} on the same device as {x_arg} ({x.device}), got {t.device}"
+        )
     if t.dtype != _compute_dtype(x):
         raise TypeError(
             f"fastops.{op}: expected {arg} to be {_compute_dtype(x)} (the compute dtype of {x_arg}'s "
@@ -59,7 +61,9 @@ def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> N
         )
     torch._check(
         t.dim() == 2 and t.shape[0] == x.shape[0] and t.shape[1] == x.shape[1],
-        lambda: f"fastops.{op}: expected {arg} of shape {[x.shape[0], x.shape[1]]} (N, C), got {list(t.shape)}",
+        lambda: (
+            f"fastops.{op}: expected {arg} of shape {[x.shape[0], x.shape[1]]} (N, C), got {list(t.shape)}"
+        ),
     )
 
 
@@ -72,7 +76,9 @@ def _check_fc(arg: str, t: Tensor | None, shape: tuple[int, ...], x: Tensor, opt
     if not t.is_floating_point():
         raise TypeError(f"fastops.{_OP}: expected {arg} to be a floating tensor, got {t.dtype}")
     if t.device != x.device:
-        raise RuntimeError(f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}")
+        raise RuntimeError(
+            f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
+        )
     if tuple(t.shape) != shape:
         raise ValueError(f"fastops.{_OP}: expected {arg} of shape {list(shape)}, got {list(t.shape)}")
 
@@ -264,10 +270,14 @@ def _backward_reduce_fake(grad_out: Tensor, x: Tensor) -> Tensor:
     op = "squeeze_excite_backward_reduce"
     _check_activation(op, "x", x)
     if grad_out.dtype != x.dtype:
-        raise TypeError(f"fastops.{op}: expected grad_out to have the dtype of x ({x.dtype}), got {grad_out.dtype}")
+        raise TypeError(
+            f"fastops.{op}: expected grad_out to have the dtype of x ({x.dtype}), got {grad_out.dtype}"
+        )
     torch._check(
         grad_out.shape == x.shape,
-        lambda: f"fastops.{op}: expected grad_out to have the shape of x {list(x.shape)}, got {list(grad_out.shape)}",
+        lambda: (
+            f"fastops.{op}: expected grad_out to have the shape of x {list(x.shape)}, got {list(grad_out.shape)}"
+        ),
     )
     return x.new_empty((x.shape[0], x.shape[1]), dtype=_compute_dtype(x))
 
@@ -304,7 +314,9 @@ def _scale_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
 def _scale_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
     x, scale = ctx.saved_tensors
     grad_x = torch.ops.fastops.squeeze_excite_scale.default(grad, scale) if ctx.needs_input_grad[0] else None
-    grad_s = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad, x) if ctx.needs_input_grad[1] else None
+    grad_s = (
+        torch.ops.fastops.squeeze_excite_backward_reduce.default(grad, x) if ctx.needs_input_grad[1] else None
+    )
     return grad_x, grad_s
 
 

@@ -7,4 +7,12 @@ from fastops.reference.fused_adam import adam_step
 from fastops.reference.gelu import bias_gelu, gelu
 from fastops.reference.squeeze_excite import squeeze_excite
 
-__all__ = ["adam_step", "bias_gelu", "clipped_log", "depthwise_conv2d", "depthwise_separable_conv2d", "gelu", "squeeze_excite"]
+__all__ = [
+    "adam_step",
+    "bias_gelu",
+    "clipped_log",
+    "depthwise_conv2d",
+    "depthwise_separable_conv2d",
+    "gelu",
+    "squeeze_excite",
+]

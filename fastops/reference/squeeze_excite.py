@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ACTIVATIONS = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
 
 
 def _hardsigmoid(z: Tensor) -> Tensor:
@@ -15,7 +17,7 @@ def _hardsigmoid(z: Tensor) -> Tensor:
     return F.relu6(z + 3) / 6
 
 
-GATES = {"sigmoid": torch.sigmoid, "hardsigmoid": _hardsigmoid}
+GATES: dict[str, Callable[[Tensor], Tensor]] = {"sigmoid": torch.sigmoid, "hardsigmoid": _hardsigmoid}
 
 
 def squeeze_excite(

@@ -53,13 +53,16 @@ def test_swap_reaches_every_se_block_and_matches_stock(name: str, layout: str) -
     for model in (stock, swapped):
         model.train()
         model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout / stochastic-depth masks in both models
         out = model(x)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
         outs.append(out.detach())
         grads.append([p.grad for p in model.parameters()])
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-9, atol=1e-9)
+    # aten's float64 hardsigmoid backward multiplies by a float32 1/6 (3e-8 relative off; ours is
+    # exact), which train-mode BatchNorm amplifies on its way to the stem: hence 1e-5, not 1e-9.
     for g_swapped, g_stock in zip(grads[1], grads[0], strict=True):
-        torch.testing.assert_close(g_swapped, g_stock, rtol=1e-7, atol=1e-9)
+        torch.testing.assert_close(g_swapped, g_stock, rtol=1e-5, atol=1e-6)
 
 
 def test_timm_se_module_and_unfusable_variants() -> None:
@@ -71,8 +74,10 @@ def test_timm_se_module_and_unfusable_variants() -> None:
     assert twin.fc1.weight is plain.fc1.weight and list(twin.state_dict()) == list(plain.state_dict())
     x = torch.randn(2, 32, 5, 6)
     torch.testing.assert_close(twin(x), plain(x))
-    with_bn = SEModule(32, use_bn=True)
+    with_bn = SEModule(32, norm_layer=nn.BatchNorm2d)
     maxpool = SEModule(32, add_maxpool=True)
     report = fastops.swap_modules(nn.Sequential(with_bn, maxpool))
     reasons = [s.reason for s in report.skipped]
-    assert len(report) == 0 and "BatchNorm2d between fc1 and act" in reasons[0] and "add_maxpool" in reasons[1]
+    assert (
+        len(report) == 0 and "BatchNorm2d between fc1 and act" in reasons[0] and "add_maxpool" in reasons[1]
+    )

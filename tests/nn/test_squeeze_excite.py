@@ -44,7 +44,9 @@ ACT_GATES = [
 @devices
 @pytest.mark.parametrize("act,gate", ACT_GATES, ids=lambda m: type(m).__name__)
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_module_matches_the_block_it_replaces(device: str, act: nn.Module, gate: nn.Module, layout: str) -> None:
+def test_module_matches_the_block_it_replaces(
+    device: str, act: nn.Module, gate: nn.Module, layout: str
+) -> None:
     torch.manual_seed(0)
     block = SEBlock(24, 6, act, gate).to(device)
     twin = fastops.nn.SqueezeExcite.from_torch(block)
@@ -64,7 +66,9 @@ def test_module_matches_the_block_it_replaces(device: str, act: nn.Module, gate:
 
 def test_swap_modules_replaces_plain_blocks_and_keeps_state_dict() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 16, 3), SEBlock(16, 4, nn.SiLU(), nn.Sigmoid()), NotSE(16, 4, nn.ReLU(), nn.Sigmoid()))
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3), SEBlock(16, 4, nn.SiLU(), nn.Sigmoid()), NotSE(16, 4, nn.ReLU(), nn.Sigmoid())
+    )
     stock = copy.deepcopy(model)
     keys = list(model.state_dict())
     report = fastops.swap_modules(model)
@@ -102,7 +106,9 @@ def test_hooked_fc_is_skipped() -> None:
 
 
 def test_module_construction_and_errors() -> None:
-    m = fastops.nn.SqueezeExcite(32, 8, "silu", "hardsigmoid", conv=True, fc_names=("conv_reduce", "conv_expand"))
+    m = fastops.nn.SqueezeExcite(
+        32, 8, "silu", "hardsigmoid", conv=True, fc_names=("conv_reduce", "conv_expand")
+    )
     assert m.conv_reduce.weight.shape == (8, 32, 1, 1) and "gate='hardsigmoid'" in repr(m)
     y = m(torch.randn(2, 32, 3, 3))
     assert y.shape == (2, 32, 3, 3)

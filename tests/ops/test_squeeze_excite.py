@@ -13,13 +13,22 @@ import torch.nn.functional as F
 import fastops
 from fastops import reference
 from fastops.ops.squeeze_excite import ACTIVATIONS, GATES
+from fastops.reference.squeeze_excite import ACTIVATIONS as ACTIVATION_FNS
 from tests.helpers import assert_same_nonfinite
 from tests.ops.contract import ContractTests, OpSpec, Sample
 
 COMBOS = list(itertools.product(ACTIVATIONS, GATES))
 # (N, C, H, W): odd sizes, HW = 1, C past one and across the NHWC kernel's 4-vector channel chunk
 # (64 floats on AVX-512) with a tail, long rows, an empty batch.
-SHAPES = [(2, 8, 5, 7), (3, 37, 5, 7), (1, 1, 1, 1), (2, 64, 1, 1), (2, 70, 9, 9), (2, 16, 33, 31), (0, 8, 4, 4)]
+SHAPES = [
+    (2, 8, 5, 7),
+    (3, 37, 5, 7),
+    (1, 1, 1, 1),
+    (2, 64, 1, 1),
+    (2, 70, 9, 9),
+    (2, 16, 33, 31),
+    (0, 8, 4, 4),
+]
 
 
 def _layouts(x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
@@ -69,9 +78,13 @@ def se_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator
     base = torch.randn(4, 24, 6, 6, dtype=torch.float64).to(dtype=dtype, device=device)
     for (act, gate), (layout, x) in itertools.product(COMBOS, list(_layouts(base))[:2]):
         weights = _weights(24, dtype, device, requires_grad)
-        yield Sample((x.detach().requires_grad_(requires_grad), *weights, act, gate), id=f"{layout}-{act}-{gate}")
+        yield Sample(
+            (x.detach().requires_grad_(requires_grad), *weights, act, gate), id=f"{layout}-{act}-{gate}"
+        )
     x = base.detach().requires_grad_(requires_grad)
-    yield Sample((x, *_weights(24, dtype, device, requires_grad, bias=False), "silu", "sigmoid"), id="no-bias")
+    yield Sample(
+        (x, *_weights(24, dtype, device, requires_grad, bias=False), "silu", "sigmoid"), id="no-bias"
+    )
 
 
 def se_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
@@ -117,7 +130,7 @@ def _eager(
     gate: str = "sigmoid",
 ) -> torch.Tensor:
     """The SE block as a user writes it (aten's hardsigmoid), run in fp16/bf16 for the 2x rule."""
-    hidden = reference.squeeze_excite.__globals__["ACTIVATIONS"][act](F.linear(x.mean((2, 3)), w1, b1))
+    hidden = ACTIVATION_FNS[act](F.linear(x.mean((2, 3)), w1, b1))
     z = F.linear(hidden, w2, b2)
     s = torch.sigmoid(z) if gate == "sigmoid" else F.hardsigmoid(z)
     return x * s[:, :, None, None]
@@ -273,7 +286,9 @@ def test_kernel_errors_name_the_op_and_argument() -> None:
         ops.squeeze_excite_scale(x, torch.rand(2, 4))
     with pytest.raises(RuntimeError, match="squeeze_excite_pool: expected x to be 4-D"):
         ops.squeeze_excite_pool(x[0])
-    with pytest.raises(RuntimeError, match="squeeze_excite_backward_reduce: expected grad_out to have the shape"):
+    with pytest.raises(
+        RuntimeError, match="squeeze_excite_backward_reduce: expected grad_out to have the shape"
+    ):
         ops.squeeze_excite_backward_reduce(x[:1], x)
     with pytest.raises(RuntimeError, match="squeeze_excite_backward_input: expected grad_pool of shape"):
         ops.squeeze_excite_backward_input(x, torch.rand(2, 3), torch.rand(3, 3))

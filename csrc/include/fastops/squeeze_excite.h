@@ -27,8 +27,7 @@ inline at::ScalarType se_opmath_dtype(const at::Tensor& x) {
 // x (or grad_out): a 4-D floating tensor.
 inline void check_se_activation(const char* op, const char* arg, const at::Tensor& t) {
   check_floating(op, arg, t);
-  TORCH_CHECK(t.dim() == 4, "fastops.", op, ": expected ", arg, " to be 4-D (N, C, H, W), got sizes ",
-              str(t.sizes()));
+  TORCH_CHECK(t.dim() == 4, "fastops.", op, ": expected ", arg, " to be 4-D (N, C, H, W), got sizes ", str(t.sizes()));
 }
 
 // A per-channel tensor: (N, C) of x's opmath dtype on x's device.
