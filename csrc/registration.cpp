@@ -52,6 +52,14 @@ TORCH_LIBRARY(fastops, m) {
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
   m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)");
 
+  // squeeze_excite: the memory passes of an SE block x * gate(fc2(act(fc1(mean_hw(x))))); the FCs between
+  // them run in ATen (fastops/ops/squeeze_excite.py). Per-(n, c) tensors are (N, C) in float32
+  // (float64 for float64 x). backward_input: grad_out * scale + grad_pool / HW.
+  m.def("squeeze_excite_pool(Tensor x) -> Tensor");
+  m.def("squeeze_excite_scale(Tensor x, Tensor scale) -> Tensor");
+  m.def("squeeze_excite_backward_reduce(Tensor grad_out, Tensor x) -> Tensor");
+  m.def("squeeze_excite_backward_input(Tensor grad_out, Tensor scale, Tensor grad_pool) -> Tensor");
+
   // fused_adam_: one Adam/AdamW step over lists of tensors; fastops/optim/fused_adam.py.
   // lr_tensor, when given, replaces lr. grads are written back unscaled when grad_scale is given.
   m.def(

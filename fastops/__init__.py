@@ -5,6 +5,7 @@ Public API:
   depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
   depthwise_separable_conv2d      depthwise conv + 1x1 conv fused on the CPU (channels_last tiles)
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
+  squeeze_excite                  squeeze-excitation block: fused pool / scale passes, one-pass backward
   swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
   register_swap_rule              teach swap_modules a rule of your own (SwapRule, PairRule)
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
@@ -22,6 +23,7 @@ from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  # noqa: E402
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
+from fastops.ops.squeeze_excite import squeeze_excite  # noqa: E402
 from fastops.swap import PairRule, SwapRule, register_swap_rule, swap_modules  # noqa: E402
 
 __version__ = "0.1.0"
@@ -37,6 +39,7 @@ __all__ = [
     "ops",
     "optim",
     "reference",
+    "squeeze_excite",
     "register_swap_rule",
     "swap_modules",
     "PairRule",

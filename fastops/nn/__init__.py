@@ -4,5 +4,14 @@ from fastops.nn.clipped_log import ClippedLog
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d
 from fastops.nn.depthwise_separable_conv2d import DepthwiseSeparableConv2d
 from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
+from fastops.nn.squeeze_excite import SqueezeExcite
 
-__all__ = ["BiasGELU", "ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "GELU", "LinearGELU"]
+__all__ = [
+    "BiasGELU",
+    "ClippedLog",
+    "DepthwiseConv2d",
+    "DepthwiseSeparableConv2d",
+    "GELU",
+    "LinearGELU",
+    "SqueezeExcite",
+]

@@ -5,5 +5,14 @@ from fastops.ops.depthwise_conv2d import depthwise_conv2d
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
 from fastops.ops.fused_adam import fused_adam
 from fastops.ops.gelu import bias_gelu, gelu
+from fastops.ops.squeeze_excite import squeeze_excite
 
-__all__ = ["bias_gelu", "clipped_log", "depthwise_conv2d", "depthwise_separable_conv2d", "fused_adam", "gelu"]
+__all__ = [
+    "bias_gelu",
+    "clipped_log",
+    "depthwise_conv2d",
+    "depthwise_separable_conv2d",
+    "fused_adam",
+    "gelu",
+    "squeeze_excite",
+]

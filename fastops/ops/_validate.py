@@ -112,7 +112,7 @@ def conv_out_hw(
 
 
 def uses_channels_last(x: torch.Tensor) -> bool:
-    """The layout rule of the C++ conv kernels (fastops/depthwise.h: use_channels_last): a 4-D
+    """The layout rule of the 4-D C++ kernels (fastops/checks.h: use_channels_last): a 4-D
     tensor that is channels_last and not also contiguous runs the NHWC kernels."""
     return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 

@@ -89,4 +89,12 @@ inline at::Tensor match_layout(const at::Tensor& t, const at::Tensor& ref) {
   return t.strides() == ref.strides() ? t : at::empty_like(ref).copy_(t);
 }
 
+// The layout rule of the 4-D kernels (depthwise_conv2d, squeeze_excite) and of their fake kernels
+// (fastops/ops/_validate.py: uses_channels_last): the channels_last kernel runs when the input is
+// channels_last-contiguous and not also plain contiguous; everything else runs the NCHW kernel
+// (after .contiguous() where needed). Outputs are written in the layout the kernel ran in.
+inline bool use_channels_last(const at::Tensor& x) {
+  return x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
 }  // namespace fastops

@@ -68,13 +68,6 @@ inline DepthwiseGeometry make_depthwise_geometry(const char* op, at::IntArrayRef
   return g;
 }
 
-// The layout rule every kernel and the fake kernels share: the channels_last kernel runs when the
-// input is channels_last-contiguous and not also plain contiguous; everything else runs the NCHW
-// kernel (after .contiguous() where needed). Outputs are written in the layout the kernel ran in.
-inline bool use_channels_last(const at::Tensor& x) {
-  return x.dim() == 4 && !x.is_contiguous() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
-}
-
 inline void check_depthwise_weight(const char* op, const at::Tensor& weight, int64_t channels) {
   TORCH_CHECK(weight.dim() == 4 && weight.size(1) == 1, "fastops.", op,
               ": expected weight of shape (C, 1, kh, kw) (channel multiplier 1), got ", str(weight.sizes()));

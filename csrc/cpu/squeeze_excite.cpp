@@ -1,0 +1,256 @@
+// squeeze_excite on the CPU: the four memory passes of an SE block y = x * gate(fc2(act(fc1(mean_hw(x))))).
+// The tiny FCs, act and gate between them run in ATen (fastops/ops/squeeze_excite.py).
+//   squeeze_excite_pool:             p[n,c]      = sum_hw x[n,c,hw] / HW
+//   squeeze_excite_scale:            y[n,c,hw]   = x[n,c,hw] * s[n,c]
+//   squeeze_excite_backward_reduce:  ds[n,c]     = sum_hw g[n,c,hw] * x[n,c,hw]
+//   squeeze_excite_backward_input:   dx[n,c,hw]  = g[n,c,hw] * s[n,c] + dp[n,c] / HW
+// so the backward reads g and x once for the reduction and writes dx in one pass, where eager writes
+// g * x, reduces it, writes g * s, expands the pool gradient and adds.
+// Layouts (fastops/squeeze_excite.h): NCHW rows of HW per (n, c), or channels_last rows of C per
+// (n, hw); any other input is made contiguous first.
+// Strategy: at::vec in opmath (fp16/bf16 widened to fp32 vectors), at::parallel_for.
+//   NCHW reductions: one task per block of (n, c) rows, four vector accumulators per row.
+//   NHWC reductions: one task per (n, 4-vector channel chunk); the chunk's accumulators stay in
+//     registers while the task walks the HW rows. Either way every (n, c) is summed by one task in a
+//     fixed order, so the result is bitwise the same for any thread count.
+//   Broadcast passes: flat over rows, the per-channel factors (and shifts) loaded as vectors (NHWC) or
+//     splatted once per row (NCHW).
+// Bytes per element of x: pool and backward_reduce read 1 (resp. 2) x sizeof(T); scale reads and
+// writes sizeof(T) each; backward_input reads g and writes dx. The (N, C) tensors are noise.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <fastops/checks.h>
+#include <fastops/cpu_loops.h>
+#include <fastops/cpu_reduce.h>
+#include <fastops/cpu_vec_math.h>
+#include <fastops/squeeze_excite.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+
+namespace fastops::cpu {
+namespace {
+
+constexpr int kUnroll = 4;
+
+// a[off] (or a[off] * b[off]) as one opmath vector; b is not touched without kProduct.
+template <typename T, bool kProduct>
+inline OpmathVec<T> load_term(const T* a, const T* b, int64_t off) {
+  if constexpr (kProduct) {
+    return load_opmath<T>(a + off) * load_opmath<T>(b + off);
+  } else {
+    return load_opmath<T>(a + off);
+  }
+}
+
+// A partial vector; the masked loads give zeros past count, so the term is 0 there.
+template <typename T, bool kProduct>
+inline OpmathVec<T> load_term(const T* a, const T* b, int64_t off, int64_t count) {
+  if constexpr (kProduct) {
+    return load_opmath<T>(a + off, count) * load_opmath<T>(b + off, count);
+  } else {
+    return load_opmath<T>(a + off, count);
+  }
+}
+
+// sum over [0, len) of a[i] (or a[i] * b[i]), in opmath with kUnroll independent accumulators.
+template <typename T, bool kProduct>
+inline opmath_t<T> row_sum(const T* a, const T* b, int64_t len) {
+  using MVec = OpmathVec<T>;
+  constexpr int64_t W = MVec::size();
+  std::array<MVec, kUnroll> acc;
+  acc.fill(MVec(0));
+  int64_t i = 0;
+  for (; i + kUnroll * W <= len; i += kUnroll * W) {
+    static_for<kUnroll>([&](auto k) { acc[k] = acc[k] + load_term<T, kProduct>(a, b, i + k * W); });
+  }
+  for (; i < len; i += W) {
+    acc[0] = acc[0] + load_term<T, kProduct>(a, b, i, std::min(W, len - i));
+  }
+  return horizontal_sum<opmath_t<T>>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// out[n, c] = sum_hw a (or a * b), divided by HW when kMean; a and b in the layout of `shape`.
+template <typename T, bool kProduct, bool kMean>
+void channel_sums(opmath_t<T>* out, const T* a, const T* b, const SqueezeExciteShape& shape) {
+  using M = opmath_t<T>;
+  using MVec = OpmathVec<T>;
+  constexpr int64_t W = MVec::size();
+  const int64_t N = shape.N, C = shape.C, HW = shape.HW;
+  const M divisor = static_cast<M>(HW);
+  if (!shape.channels_last) {
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(HW, 1));
+    at::parallel_for(0, N * C, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const M sum = row_sum<T, kProduct>(a + r * HW, kProduct ? b + r * HW : b, HW);
+        out[r] = kMean ? sum / divisor : sum;
+      }
+    });
+    return;
+  }
+  constexpr int64_t kChunk = kUnroll * W;
+  const int64_t chunks = div_up(C, kChunk);
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(HW * kChunk, 1));
+  at::parallel_for(0, N * chunks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t n = task / chunks, c0 = (task % chunks) * kChunk;
+      const int64_t width = std::min(kChunk, C - c0);
+      const T* pa = a + n * HW * C + c0;
+      const T* pb = kProduct ? b + n * HW * C + c0 : b;
+      std::array<MVec, kUnroll> acc;
+      acc.fill(MVec(0));
+      if (width == kChunk) {
+        for (int64_t hw = 0; hw < HW; ++hw) {
+          const int64_t o = hw * C;
+          static_for<kUnroll>([&](auto k) { acc[k] = acc[k] + load_term<T, kProduct>(pa, pb, o + k * W); });
+        }
+      } else {
+        for (int64_t hw = 0; hw < HW; ++hw) {
+          const int64_t o = hw * C;
+          for (int k = 0; k * W < width; ++k) {
+            const int64_t count = std::min(W, width - k * W);
+            acc[k] = acc[k] + load_term<T, kProduct>(pa, pb, o + k * W, count);
+          }
+        }
+      }
+      for (int k = 0; k * W < width; ++k) {
+        const MVec v = kMean ? acc[k] / MVec(divisor) : acc[k];
+        v.store(out + n * C + c0 + k * W, std::min(W, width - k * W));
+      }
+    }
+  });
+}
+
+// out = a * s[n, c] (+ d[n, c] with kShift), in opmath, rounded once.
+template <typename T, bool kShift>
+void channel_affine(T* out, const T* a, const opmath_t<T>* s, const opmath_t<T>* d, const SqueezeExciteShape& shape) {
+  using M = opmath_t<T>;
+  using MVec = OpmathVec<T>;
+  constexpr int64_t W = MVec::size();
+  const int64_t N = shape.N, C = shape.C, HW = shape.HW;
+  // Without a shift no "+ 0": x * s + 0 would turn -0 into +0, and scale keeps eager's sign of zero.
+  auto apply = [](const MVec& v, const MVec& sv, const MVec& dv) {
+    if constexpr (kShift) {
+      return at::vec::fmadd(v, sv, dv);
+    } else {
+      return v * sv;
+    }
+  };
+  if (!shape.channels_last) {
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(HW, 1));
+    at::parallel_for(0, N * C, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const MVec sv(s[r]), dv(kShift ? d[r] : M(0));
+        const T* pa = a + r * HW;
+        T* po = out + r * HW;
+        int64_t i = 0;
+        for (; i + W <= HW; i += W) store_opmath<T>(po + i, apply(load_opmath<T>(pa + i), sv, dv), W);
+        if (i < HW) store_opmath<T>(po + i, apply(load_opmath<T>(pa + i, HW - i), sv, dv), HW - i);
+      }
+    });
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(C, 1));
+  at::parallel_for(0, N * HW, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = r / HW;
+      const M* ps = s + n * C;
+      const M* pd = kShift ? d + n * C : d;
+      const T* pa = a + r * C;
+      T* po = out + r * C;
+      for (int64_t j = 0; j < C; j += W) {
+        const int64_t count = std::min(W, C - j);
+        const MVec sv = count == W ? MVec::loadu(ps + j) : MVec::loadu(ps + j, count);
+        const MVec dv = kShift ? (count == W ? MVec::loadu(pd + j) : MVec::loadu(pd + j, count)) : MVec(M(0));
+        const MVec v = count == W ? load_opmath<T>(pa + j) : load_opmath<T>(pa + j, count);
+        store_opmath<T>(po + j, apply(v, sv, dv), count);
+      }
+    }
+  });
+}
+
+at::Tensor squeeze_excite_pool(const at::Tensor& x_in) {
+  check_se_activation("squeeze_excite_pool", "x", x_in);
+  const bool cl = use_channels_last(x_in);
+  const at::Tensor x = se_layout(x_in, cl);
+  const SqueezeExciteShape shape = se_shape(x, cl);
+  at::Tensor out = at::empty({shape.N, shape.C}, x.options().dtype(se_opmath_dtype(x)));
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_squeeze_excite_pool_cpu", [&] {
+    channel_sums<scalar_t, false, true>(out.data_ptr<opmath_t<scalar_t>>(), x.const_data_ptr<scalar_t>(), nullptr,
+                                        shape);
+  });
+  return out;
+}
+
+at::Tensor squeeze_excite_scale(const at::Tensor& x_in, const at::Tensor& scale_in) {
+  const char* op = "squeeze_excite_scale";
+  check_se_activation(op, "x", x_in);
+  check_se_per_channel(op, "scale", scale_in, "x", x_in);
+  const bool cl = use_channels_last(x_in);
+  const at::Tensor x = se_layout(x_in, cl);
+  const at::Tensor scale = scale_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_squeeze_excite_scale_cpu", [&] {
+    channel_affine<scalar_t, false>(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                                    scale.const_data_ptr<opmath_t<scalar_t>>(), nullptr, se_shape(x, cl));
+  });
+  return y;
+}
+
+at::Tensor squeeze_excite_backward_reduce(const at::Tensor& grad_in, const at::Tensor& x_in) {
+  const char* op = "squeeze_excite_backward_reduce";
+  check_se_activation(op, "x", x_in);
+  check_same_device(op, "grad_out", grad_in, "x", x_in);
+  check_same_dtype(op, "grad_out", grad_in, "x", x_in);
+  check_same_shape(op, "grad_out", grad_in, "x", x_in);
+  const bool cl = use_channels_last(x_in);
+  const at::Tensor x = se_layout(x_in, cl);
+  const at::Tensor grad = se_layout(grad_in, cl);
+  const SqueezeExciteShape shape = se_shape(x, cl);
+  at::Tensor out = at::empty({shape.N, shape.C}, x.options().dtype(se_opmath_dtype(x)));
+  if (out.numel() == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_squeeze_excite_backward_reduce_cpu", [&] {
+        channel_sums<scalar_t, true, false>(out.data_ptr<opmath_t<scalar_t>>(), grad.const_data_ptr<scalar_t>(),
+                                            x.const_data_ptr<scalar_t>(), shape);
+      });
+  return out;
+}
+
+at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Tensor& scale_in,
+                                         const at::Tensor& grad_pool_in) {
+  const char* op = "squeeze_excite_backward_input";
+  check_se_activation(op, "grad_out", grad_in);
+  check_se_per_channel(op, "scale", scale_in, "grad_out", grad_in);
+  check_se_per_channel(op, "grad_pool", grad_pool_in, "grad_out", grad_in);
+  const bool cl = use_channels_last(grad_in);
+  const at::Tensor grad = se_layout(grad_in, cl);
+  const SqueezeExciteShape shape = se_shape(grad, cl);
+  at::Tensor dx = at::empty_like(grad);
+  if (dx.numel() == 0) return dx;
+  const at::Tensor scale = scale_in.contiguous();
+  // The mean's gradient, dp / HW, once per (n, c) (a true division, as eager's mean backward).
+  const at::Tensor shift = grad_pool_in.div(static_cast<double>(shape.HW)).contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad.scalar_type(), "fastops_squeeze_excite_backward_input_cpu", [&] {
+        using M = opmath_t<scalar_t>;
+        channel_affine<scalar_t, true>(dx.data_ptr<scalar_t>(), grad.const_data_ptr<scalar_t>(),
+                                       scale.const_data_ptr<M>(), shift.const_data_ptr<M>(), shape);
+      });
+  return dx;
+}
+
+}  // namespace
+}  // namespace fastops::cpu
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("squeeze_excite_pool", &fastops::cpu::squeeze_excite_pool);
+  m.impl("squeeze_excite_scale", &fastops::cpu::squeeze_excite_scale);
+  m.impl("squeeze_excite_backward_reduce", &fastops::cpu::squeeze_excite_backward_reduce);
+  m.impl("squeeze_excite_backward_input", &fastops::cpu::squeeze_excite_backward_input);
+}

@@ -1,0 +1,294 @@
+"""fastops.squeeze_excite: its contract spec, and the edge cases of its own (NaN/inf, determinism across
+thread counts, what is saved for backward, errors)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fastops
+from fastops import reference
+from fastops.ops.squeeze_excite import ACTIVATIONS, GATES
+from fastops.reference.squeeze_excite import ACTIVATIONS as ACTIVATION_FNS
+from tests.helpers import assert_same_nonfinite
+from tests.ops.contract import ContractTests, OpSpec, Sample
+
+COMBOS = list(itertools.product(ACTIVATIONS, GATES))
+# (N, C, H, W): odd sizes, HW = 1, C past one and across the NHWC kernel's 4-vector channel chunk
+# (64 floats on AVX-512) with a tail, long rows, an empty batch.
+SHAPES = [
+    (2, 8, 5, 7),
+    (3, 37, 5, 7),
+    (1, 1, 1, 1),
+    (2, 64, 1, 1),
+    (2, 70, 9, 9),
+    (2, 16, 33, 31),
+    (0, 8, 4, 4),
+]
+
+
+def _layouts(x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    """x's values in views of the same shape: contiguous, channels_last, a strided slice, H and W
+    transposed (dense, neither layout), storage offset 1, and stride 0 over the batch."""
+    n, c, h, w = x.shape
+    yield "contiguous", x
+    yield "channels_last", x.contiguous(memory_format=torch.channels_last)
+    wide = torch.zeros(n, c, h, 2 * w, dtype=x.dtype, device=x.device)
+    wide[..., ::2] = x
+    yield "sliced", wide[..., ::2]
+    yield "hw-transposed", x.transpose(2, 3).contiguous().transpose(2, 3)
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    flat[1:] = x.reshape(-1)
+    yield "offset1", flat[1:].view(x.shape)
+    if n >= 1:
+        yield "expanded", x[:1].expand(3, c, h, w)
+
+
+def _weights(
+    channels: int, dtype: torch.dtype, device: str, requires_grad: bool, bias: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    reduced = max(1, channels // 4)
+
+    def make(*shape: int, fan_in: int) -> torch.Tensor:
+        t = torch.randn(shape, dtype=torch.float64) * 2 / fan_in**0.5
+        return t.to(dtype=dtype, device=device).requires_grad_(requires_grad)
+
+    w1, w2 = make(reduced, channels, fan_in=channels), make(channels, reduced, fan_in=reduced)
+    b1 = make(reduced, fan_in=channels) if bias else None
+    b2 = make(channels, fan_in=reduced) if bias else None
+    return w1, b1, w2, b2
+
+
+def se_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    """Every shape in every layout, the act/gate combination cycling; every combination on one shape
+    in both layouts; and FCs without biases."""
+    torch.manual_seed(0)
+    combos = itertools.cycle(COMBOS)
+    for shape in SHAPES:
+        base = torch.randn(shape, dtype=torch.float64).to(dtype=dtype, device=device)
+        for layout, x in _layouts(base):
+            act, gate = next(combos)
+            weights = _weights(x.shape[1], dtype, device, requires_grad)
+            x = x.detach().requires_grad_(requires_grad)
+            yield Sample((x, *weights, act, gate), id=f"{tuple(x.shape)}-{layout}-{act}-{gate}")
+    base = torch.randn(4, 24, 6, 6, dtype=torch.float64).to(dtype=dtype, device=device)
+    for (act, gate), (layout, x) in itertools.product(COMBOS, list(_layouts(base))[:2]):
+        weights = _weights(24, dtype, device, requires_grad)
+        yield Sample(
+            (x.detach().requires_grad_(requires_grad), *weights, act, gate), id=f"{layout}-{act}-{gate}"
+        )
+    x = base.detach().requires_grad_(requires_grad)
+    yield Sample(
+        (x, *_weights(24, dtype, device, requires_grad, bias=False), "silu", "sigmoid"), id="no-bias"
+    )
+
+
+def se_small(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    torch.manual_seed(1)
+    for i, (act, gate) in enumerate(COMBOS):
+        x = torch.randn(2, 6, 3, 4, dtype=torch.float64).to(dtype=dtype, device=device)
+        if i % 2:
+            x = x.contiguous(memory_format=torch.channels_last)
+        weights = _weights(6, dtype, device, requires_grad)
+        yield Sample((x.requires_grad_(requires_grad), *weights, act, gate), id=f"{act}-{gate}-{i % 2}")
+
+
+def se_compile(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
+    samples = list(se_small(device, dtype, requires_grad))
+    return iter([samples[0], samples[3]])  # relu/sigmoid NCHW, silu/hardsigmoid channels_last
+
+
+def se_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
+    ops = torch.ops.fastops
+    compute = torch.float32
+    for layout, x in _layouts(torch.randn(2, 19, 3, 5, dtype=dtype, device=device)):
+        if layout == "expanded":
+            continue
+        x = x.detach().requires_grad_(True)
+        g = torch.randn(x.shape, dtype=dtype, device=device).contiguous(
+            memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format
+        )
+        s = torch.rand(2, 19, dtype=compute, device=device, requires_grad=True)
+        dp = torch.randn(2, 19, dtype=compute, device=device, requires_grad=True)
+        yield ops.squeeze_excite_pool.default, (x,)
+        yield ops.squeeze_excite_scale.default, (x, s)
+        yield ops.squeeze_excite_backward_reduce.default, (g.requires_grad_(True), x)
+        yield ops.squeeze_excite_backward_input.default, (g.detach().requires_grad_(True), s, dp)
+
+
+def _eager(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor | None,
+    w2: torch.Tensor,
+    b2: torch.Tensor | None,
+    act: str = "relu",
+    gate: str = "sigmoid",
+) -> torch.Tensor:
+    """The SE block as a user writes it (aten's hardsigmoid), run in fp16/bf16 for the 2x rule."""
+    hidden = ACTIVATION_FNS[act](F.linear(x.mean((2, 3)), w1, b1))
+    z = F.linear(hidden, w2, b2)
+    s = torch.sigmoid(z) if gate == "sigmoid" else F.hardsigmoid(z)
+    return x * s[:, :, None, None]
+
+
+SQUEEZE_EXCITE = OpSpec(
+    name="squeeze_excite",
+    op=fastops.squeeze_excite,
+    reference=reference.squeeze_excite,
+    eager=_eager,
+    sample_inputs=se_samples,
+    small_inputs=se_small,
+    compile_inputs=se_compile,
+    opcheck_inputs=se_opcheck,
+    autocast="input",
+    output_format="memory_format_of_input",
+    # Gradients of the FC weights sum over the batch and the (N, C) chain; dx sums dp / HW and g * s.
+    fp32_tolerances={"grad": (1e-5, 1e-5)},
+)
+
+
+class TestSqueezeExciteContract(ContractTests):
+    spec = SQUEEZE_EXCITE
+
+
+# ---- edge cases ---------------------------------------------------------------------------------
+
+
+def _sample(dtype: torch.dtype = torch.float32, shape: tuple[int, ...] = (3, 16, 6, 5)) -> list:
+    torch.manual_seed(2)
+    x = torch.randn(shape, dtype=dtype)
+    return [x, *_weights(shape[1], dtype, "cpu", False)]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_propagates_like_eager(layout: str, value: float) -> None:
+    x, *weights = _sample()
+    x[1, 3, 2, 2] = value
+    x[2, 0, 0, 0] = value
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    for act, gate in COMBOS:
+        x_req = x.clone().requires_grad_(True)
+        y = fastops.squeeze_excite(x_req, *weights, act, gate)
+        x_ref = x.clone().requires_grad_(True)
+        want = _eager(x_ref, *weights, act, gate)
+        assert_same_nonfinite(y, want)
+        g = torch.ones_like(y)
+        (dx,) = torch.autograd.grad(y, x_req, g)
+        (dx_ref,) = torch.autograd.grad(want, x_ref, g)
+        assert_same_nonfinite(dx, dx_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_bitwise_repeatable_across_thread_counts(dtype: torch.dtype, layout: str) -> None:
+    x, w1, b1, w2, b2 = _sample(dtype, (4, 200, 17, 19))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_(True)
+    params = [w1, b1, w2, b2]
+    for p in params:
+        p.requires_grad_(True)
+    g = torch.randn(x.shape, dtype=dtype)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 1):
+            torch.set_num_threads(n)
+            y = fastops.squeeze_excite(x, w1, b1, w2, b2, "silu", "sigmoid")
+            results.append([y, *torch.autograd.grad(y, [x, *params], g)])
+    finally:
+        torch.set_num_threads(threads)
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+def _saved_bytes(fn, *args) -> tuple[int, int]:  # noqa: ANN001
+    """(bytes saved for backward in tensors of x's size or larger, count of such tensors)."""
+    big = args[0].numel()
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.numel() >= big:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(seen.values()), len(seen)
+
+
+@pytest.mark.parametrize("act,gate", COMBOS)
+def test_saves_no_more_than_eager(act: str, gate: str) -> None:
+    x, *weights = _sample()
+    x.requires_grad_(True)
+    for w in weights:
+        w.requires_grad_(True)
+    ours, ours_count = _saved_bytes(lambda *a: fastops.squeeze_excite(*a, act, gate), x, *weights)
+    eager, _ = _saved_bytes(lambda *a: _eager(*a, act, gate), x, *weights)
+    assert ours_count == 1 and ours == x.untyped_storage().nbytes(), "only x is saved at full size"
+    assert ours <= eager
+
+
+def test_double_backward_raises() -> None:
+    x, *weights = _sample()
+    x.requires_grad_(True)
+    y = fastops.squeeze_excite(x, *weights)
+    (dx,) = torch.autograd.grad(y, x, torch.ones_like(y), create_graph=True)
+    with pytest.raises(RuntimeError):
+        dx.sum().backward()
+
+
+def test_module_free_use_under_no_grad() -> None:
+    x, *weights = _sample()
+    with torch.no_grad():
+        y = fastops.squeeze_excite(x, *weights, "gelu", "hardsigmoid")
+    torch.testing.assert_close(y, _eager(x, *weights, "gelu", "hardsigmoid"))
+
+
+@pytest.mark.parametrize(
+    "change,error,words",
+    [
+        (lambda a: a.__setitem__(0, a[0][0]), ValueError, "expected x to be 4-D"),
+        (lambda a: a.__setitem__(0, a[0].int()), TypeError, "expected x to be a float32"),
+        (lambda a: a.__setitem__(0, "x"), TypeError, "expected x to be a torch.Tensor"),
+        (lambda a: a.__setitem__(1, a[1][:, :-1]), ValueError, "expected fc1_weight of shape"),
+        (lambda a: a.__setitem__(1, a[1][0]), ValueError, "expected fc1_weight to be 2-D"),
+        (lambda a: a.__setitem__(2, a[2][:-1]), ValueError, "expected fc1_bias of shape"),
+        (lambda a: a.__setitem__(3, a[3].t()), ValueError, "expected fc2_weight of shape"),
+        (lambda a: a.__setitem__(4, a[4][:-1]), ValueError, "expected fc2_bias of shape"),
+        (lambda a: a.__setitem__(3, a[3].int()), TypeError, "expected fc2_weight to be a floating tensor"),
+        (lambda a: a.__setitem__(3, None), TypeError, "expected fc2_weight to be a torch.Tensor"),
+        (lambda a: a.append("tanh"), ValueError, "expected act to be one of"),
+        (lambda a: a.extend(["relu", "softmax"]), ValueError, "expected gate to be one of"),
+    ],
+)
+def test_bad_input_errors_name_the_op_and_argument(change, error, words) -> None:  # noqa: ANN001
+    args = _sample()
+    change(args)
+    with pytest.raises(error, match=f"fastops.squeeze_excite: {words}"):
+        fastops.squeeze_excite(*args)
+
+
+def test_kernel_errors_name_the_op_and_argument() -> None:
+    ops = torch.ops.fastops
+    x = torch.randn(2, 3, 4, 5)
+    with pytest.raises(RuntimeError, match="squeeze_excite_scale: expected scale to be Float"):
+        ops.squeeze_excite_scale(x, torch.rand(2, 3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"squeeze_excite_scale: expected scale of shape \[2, 3\]"):
+        ops.squeeze_excite_scale(x, torch.rand(2, 4))
+    with pytest.raises(RuntimeError, match="squeeze_excite_pool: expected x to be 4-D"):
+        ops.squeeze_excite_pool(x[0])
+    with pytest.raises(
+        RuntimeError, match="squeeze_excite_backward_reduce: expected grad_out to have the shape"
+    ):
+        ops.squeeze_excite_backward_reduce(x[:1], x)
+    with pytest.raises(RuntimeError, match="squeeze_excite_backward_input: expected grad_pool of shape"):
+        ops.squeeze_excite_backward_input(x, torch.rand(2, 3), torch.rand(3, 3))
