@@ -176,7 +176,7 @@ def _fit_in_child(cfg: TrainConfig, queue: Any) -> None:
     from fastops.train.trainer import Trainer
 
     try:
-        queue.put(("ok", Trainer(cfg).fit()))
+        queue.put(("ok", Trainer.from_config(cfg).fit()))
     except BaseException as e:  # report, then let the parent raise
         queue.put(("error", f"{type(e).__name__}: {e}"))
 
@@ -215,7 +215,7 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, use_fastops in (("fastops", True), ("stock", False)):
         sub = cfg.replace(fastops=use_fastops, out_dir=Path(cfg.out_dir) / name)
-        results[name] = Trainer(sub).fit() if info.enabled else _fit_isolated(sub)
+        results[name] = Trainer.from_config(sub).fit() if info.enabled else _fit_isolated(sub)
     if info.is_main:
         table = compare_table(results)
         print(table)
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:
             run_compare(cfg)
         else:
-            trainer = Trainer(cfg)
+            trainer = Trainer.from_config(cfg)
             summary = trainer.fit()
             if trainer.is_main:
                 acc = summary["test_accuracy"]

@@ -90,6 +90,9 @@ def number(default: float | None, kind: type | None = None, **bounds: Any) -> An
 @dataclass
 class TrainConfig:
     # what to train
+    model: str = "convnet"  # the CLI's model (see fastops.train.model.load_model)
+    blocks: tuple[str, ...] = ()  # the model's blocks: units of --checkpointing and --fsdp
+    pretrained: bool = False
     dataset: str = "digits"  # "digits" (sklearn, real data) or "synthetic" (random images, throughput)
     # digits are 8x8 and upsampled to this; synthetic images are this size
     image_size: int = number(16, low=8)
@@ -119,6 +122,7 @@ class TrainConfig:
     # fastops; stock 29.8 vs 30.2 ms).
     channels_last: bool | None = None
     compile: bool = False
+    fsdp: bool = False  # under torchrun: shard with FSDP2 instead of DDP
     num_workers: int = number(0, low=0)
     # CPU intra-op threads (torch.set_num_threads, a C int); 0 keeps torch's default
     threads: int = number(0, low=0, high=2**31 - 1)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
 
 # The held-out split is fixed (independent of --seed) so runs with different seeds are comparable.
 SPLIT_SEED = 1234
@@ -109,14 +110,7 @@ class SyntheticLoader:
 
 
 def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data:
-    """Loaders for cfg.dataset, sharded for this rank.
-
-    Training: a DistributedSampler (also with one process: it shuffles from seed + epoch, so the
-    order of every epoch is a pure function of the seed, which makes --resume exact) with
-    drop_last, so every step sees full batches on every rank. Evaluation: rank r takes samples
-    r, r + world, ... with no padding, and the metrics are summed over ranks, so each held-out sample
-    counts exactly once.
-    """
+    """Loaders for cfg.dataset, sharded for this rank (see train_loader and eval_loader)."""
     if cfg.dataset == "synthetic":
         make = lambda samples, seed: SyntheticLoader(  # noqa: E731
             batch_size=cfg.batch_size,
@@ -132,19 +126,44 @@ def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data
         return Data(synth_train, synth_val, None, 3, cfg.num_classes, samples)
 
     splits = digits_tensors(cfg.image_size)
-    pin = device.type == "cuda"
-    common = dict(num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
     train_set = TensorDataset(*splits["train"])
-    sampler: DistributedSampler = DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    train = train_loader(train_set, cfg, rank=rank, world_size=world_size, device=device)
+    val, test = (
+        eval_loader(TensorDataset(*splits[name]), cfg, rank=rank, world_size=world_size, device=device)
+        for name in ("val", "test")
     )
-    train = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **common)
-
-    def eval_loader(name: str) -> DataLoader:
-        ds = TensorDataset(*splits[name])
-        shard = Subset(ds, list(range(rank, len(ds), world_size)))
-        return DataLoader(shard, batch_size=max(256, cfg.batch_size), shuffle=False, **common)
-
     per_rank = math.floor(len(train_set) / world_size)
     steps = per_rank // cfg.batch_size
-    return Data(train, eval_loader("val"), eval_loader("test"), 1, 10, steps * cfg.batch_size * world_size)
+    return Data(train, val, test, 1, 10, steps * cfg.batch_size * world_size)
+
+
+def _loader_options(cfg, device: torch.device) -> dict[str, Any]:
+    # Pinned host memory makes the host-to-GPU copy asynchronous; workers that outlive an epoch
+    # save their start-up at every epoch.
+    return dict(
+        num_workers=cfg.num_workers, pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0
+    )
+
+
+def train_loader(dataset: Dataset, cfg, *, rank: int, world_size: int, device: torch.device) -> DataLoader:
+    """The training DataLoader of a map-style ``dataset``, sharded for this rank.
+
+    A DistributedSampler also with one process: it shuffles from seed + epoch, so the order of every
+    epoch is a pure function of the seed, which makes --resume exact. drop_last, so every step sees
+    full batches on every rank.
+    """
+    sampler: DistributedSampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    return DataLoader(
+        dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **_loader_options(cfg, device)
+    )
+
+
+def eval_loader(dataset: Dataset, cfg, *, rank: int, world_size: int, device: torch.device) -> DataLoader:
+    """Rank r evaluates samples r, r + world, ... with no padding; the metrics are summed over
+    ranks, so each held-out sample counts exactly once."""
+    shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
+    return DataLoader(
+        shard, batch_size=max(256, cfg.batch_size), shuffle=False, **_loader_options(cfg, device)
+    )

@@ -8,11 +8,9 @@ same seed and their state_dicts are interchangeable.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from fastops.swap import SwapReport, swap_modules
-from fastops.train.activation_checkpointing import checkpoint_block
 
 
 class SqueezeExcite(nn.Module):
@@ -54,8 +52,8 @@ class ConvNet(nn.Module):
     """Stem conv, then stages of SeparableBlocks that halve the resolution down to <= 8x8 (the last
     stage ends at <= 4x4), then global pooling and an MLP head.
 
-    ``activation_checkpointing = True`` recomputes each block's activations in the backward pass
-    instead of storing them (see :func:`fastops.train.activation_checkpointing.checkpoint_block`).
+    Its SeparableBlocks are the units of activation checkpointing and FSDP2 sharding
+    (``Trainer(..., blocks=[SeparableBlock])``).
     """
 
     def __init__(
@@ -81,15 +79,10 @@ class ConvNet(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(2 * channels, num_classes),
         )
-        self.activation_checkpointing = False
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.stem(x)
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint_block(block, x)
-            else:
-                x = block(x)
+        x = self.blocks(x)
         return self.head(x.mean((2, 3)))
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from fastops.train import TrainConfig, fit
+from fastops.train import TrainConfig, run
 from fastops.train.cli import build_parser, main
 from fastops.train.config import NUMBERS, ConfigError
 
@@ -123,11 +123,11 @@ def test_every_numeric_setting_is_checked_alike_by_the_cli_and_the_library(tmp_p
         ):
             TrainConfig(**{name: spec.kind(bad)}).validate()
     with pytest.raises(ConfigError, match="--lr must be a finite number > 0, got inf"):
-        fit(TrainConfig(lr=float("inf"), out_dir=tmp_path / "run"))
+        run(TrainConfig(lr=float("inf"), out_dir=tmp_path / "run"))
     with pytest.raises(ConfigError, match="--seed must be an integer in"):
-        fit(TrainConfig(seed=10**20, out_dir=tmp_path / "run"))
+        run(TrainConfig(seed=10**20, out_dir=tmp_path / "run"))
     with pytest.raises(ConfigError, match="--epochs must be an integer >= 1, got 2.0"):
-        fit(TrainConfig(epochs=2.0, out_dir=tmp_path / "run"))  # type: ignore[arg-type]
+        run(TrainConfig(epochs=2.0, out_dir=tmp_path / "run"))  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastops.train import checkpoint, fit
+from fastops.train import checkpoint, run
 from tests.train.common import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fas
     proc = _torchrun([*common, "--batch-size", "16", "--out-dir", str(tmp_path / "ddp")])
     assert proc.stdout.count("epoch   1") == 1  # rank 0 logs, rank 1 does not
 
-    single = fit(
+    single = run(
         tiny_config(
             tmp_path / "single", fastops=use_fastops, epochs=1, batch_size=32, dropout=0.0, augment=False,
             patience=0, log_every=7,
