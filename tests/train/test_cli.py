@@ -139,7 +139,9 @@ def test_help_lists_the_main_options(capsys) -> None:
     for flag in (
         "--baseline",
         "--compare",
-        "--synthetic",
+        "--data",
+        "--model",
+        "--fsdp",
         "--amp",
         "--checkpointing",
         "--resume",
@@ -149,9 +151,26 @@ def test_help_lists_the_main_options(capsys) -> None:
 
 
 def test_synthetic_throughput_mode_runs(tmp_path) -> None:
-    argv = ["--synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
+    argv = ["--data", "synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
     argv += ["--epochs", "1", "--width", "8", "--no-progress", "--device", "cpu", "--out-dir", str(tmp_path)]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["dataset"] == "synthetic" and summary["config"]["image_size"] == 72
     assert summary["steps"] == 4 and summary["test_accuracy"] is None
+
+
+def test_the_parser_is_generated_from_the_config_with_each_default_shown_once() -> None:
+    parser = build_parser()
+    options = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(TrainConfig):
+        assert f.name in options, f"TrainConfig.{f.name} has no option"
+        help_text = options[f.name].help or ""
+        assert help_text.startswith(f.metadata["help"]), f.name
+        assert help_text.count("(default") <= 1, help_text
+    given = parser.parse_args(["--data", "synthetic", "--blocks", "layer1", "Bottleneck", "--no-fastops"])
+    from fastops.train.cli import config_from_args
+
+    cfg = config_from_args(given)
+    assert (cfg.dataset, cfg.image_size, cfg.epochs) == ("synthetic", 224, 3)
+    assert cfg.blocks == ("layer1", "Bottleneck") and cfg.fastops is False
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
