@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -167,7 +168,7 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     torchrun the legs run one after the other in the ranks' processes; CUDA peak memory is reset
     per leg, CPU peak RSS is then the maximum over the legs so far.
     """
-    from fastops.train import distributed
+    from fastops.train import distributed, extras
     from fastops.train.metrics import write_json
     from fastops.train.plots import plot_compare
     from fastops.train.trainer import Trainer
@@ -182,8 +183,9 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
         print(table)
         (Path(cfg.out_dir) / "compare.md").write_text(table + "\n")
         write_json(Path(cfg.out_dir) / "compare.json", results)
-        plot_compare(results, Path(cfg.out_dir) / "compare.png")
-        print(f"wrote {Path(cfg.out_dir) / 'compare.png'}")
+        if extras.optional("matplotlib", "no compare.png is drawn", "matplotlib"):
+            plot_compare(results, Path(cfg.out_dir) / "compare.png")
+            print(f"wrote {Path(cfg.out_dir) / 'compare.png'}")
     distributed.barrier(info)
     return results
 
@@ -191,6 +193,10 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # --model package.module:factory imports the user's code from the working directory, as
+    # ``python -m`` would; the fastops-train script does not put it on sys.path by itself.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         cfg = config_from_args(args).validate()
     except ConfigError as e:

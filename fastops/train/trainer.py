@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from fastops.swap import swap_modules
-from fastops.train import amp, checkpoint, distributed
+from fastops.train import amp, checkpoint, distributed, extras
 from fastops.train.activation_checkpointing import BlockSpec, checkpoint_blocks, find_blocks
 from fastops.train.config import ConfigError, TrainConfig
 from fastops.train.data import build_data, eval_loader, random_translate, train_loader
@@ -36,7 +36,7 @@ from fastops.train.loop import (
     train_step,
 )
 from fastops.train.metrics import EarlyStopping, MetricsWriter, peak_memory_mb, write_json
-from fastops.train.model import ConvNet, SeparableBlock
+from fastops.train.model import SeparableBlock, load_model
 
 # What train_data/val_data/test_data may be: a Dataset (we build the loader) or a ready loader.
 TrainData = Dataset | DataLoader | Iterable[Batch]
@@ -122,6 +122,7 @@ class Trainer:
         self.metric_fn = metric_fn or accuracy_sum
         self.batch_transform = batch_transform
         self._join_processes()
+        self._find_extras()
         self._make_loaders(train_data, val_data, test_data)
         self._prepare_model(model, self.cfg.blocks if blocks is None else blocks)
         self._make_optimization()
@@ -131,14 +132,21 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> Trainer:
-        """The bundled job: the ConvNet of fastops blocks on cfg.dataset (digits or synthetic)."""
+        """The job the CLI runs: cfg.model (default the bundled ConvNet of fastops blocks) on
+        cfg.dataset (digits, synthetic or an ImageFolder directory)."""
         cfg.validate()
         info = distributed.setup(cfg.resolved_device())
         data = build_data(cfg, rank=info.rank, world_size=info.world_size, device=info.device)
         # Same seed on every rank for the initial weights (DDP would broadcast rank 0's anyway).
         torch.manual_seed(cfg.seed)
-        model = ConvNet(
-            data.in_channels, data.num_classes, cfg.image_size, width=cfg.width, dropout=cfg.dropout
+        model = load_model(
+            cfg.model,
+            in_channels=data.in_channels,
+            num_classes=data.num_classes,
+            image_size=cfg.image_size,
+            width=cfg.width,
+            dropout=cfg.dropout,
+            pretrained=cfg.pretrained,
         )
         augment = None
         if cfg.augment and cfg.dataset == "digits":
@@ -147,13 +155,16 @@ class Trainer:
             def augment(batch: Batch) -> Batch:
                 return (random_translate(batch[0], shift), *batch[1:])
 
+        blocks: Sequence[BlockSpec] = cfg.blocks
+        if not blocks and cfg.model == "convnet":
+            blocks = [SeparableBlock]
         return cls(
             model,
             data.train,
             data.val,
             test_data=data.test,
             config=cfg,
-            blocks=cfg.blocks or [SeparableBlock],
+            blocks=blocks,
             batch_transform=augment,
         )
 
@@ -178,6 +189,17 @@ class Trainer:
             # Fixed input shapes: let cuDNN time its algorithms once and keep the fastest.
             torch.backends.cudnn.benchmark = True
             torch.cuda.reset_peak_memory_stats(self.device)  # peak_memory_mb is this run's
+
+    def _find_extras(self) -> None:
+        """Which optional records this run can write; each one missing is named once, up front."""
+        notify = self.is_main
+        self.draw_plots = extras.optional("matplotlib", "no curves.png is drawn", "matplotlib", notify=notify)
+        self.tensorboard = extras.optional(
+            "tensorboard", "no TensorBoard events are written", "tensorboard", notify=notify
+        )
+        self.progress_bar = self.cfg.progress and extras.optional(
+            "tqdm", "there is no progress bar", "tqdm", notify=notify and self.cfg.progress
+        )
 
     def _loader(self, data: TrainData, name: str, *, train: bool) -> Iterable[Batch]:
         if isinstance(data, Dataset):
@@ -422,7 +444,7 @@ class Trainer:
                 break
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, metric, samples
         bar = _progress(
-            self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and cfg.progress
+            self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and self.progress_bar
         )
         profiler = self._profiler() if cfg.profile and self.epoch == 0 else contextlib.nullcontext()
         start = time.perf_counter()
@@ -514,7 +536,11 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from self.epoch to cfg.epochs (or early stop / --stop-after-epoch); return the summary."""
         cfg = self.cfg
-        metrics = MetricsWriter(self.run_dir, self.history, step=self.step) if self.is_main else None
+        metrics = (
+            MetricsWriter(self.run_dir, self.history, step=self.step, tensorboard=self.tensorboard)
+            if self.is_main
+            else None
+        )
         started_at = self.epoch
         stopped = "completed"
         wall = time.perf_counter()
@@ -627,7 +653,7 @@ class Trainer:
         }
         if self.is_main:
             write_json(self.run_dir / "summary.json", summary)
-            if self.history:
+            if self.history and self.draw_plots:
                 from fastops.train.plots import plot_curves
 
                 plot_curves(self.history, self.run_dir / "curves.png", "fastops" if cfg.fastops else "stock")
@@ -637,10 +663,8 @@ class Trainer:
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
+    from tqdm.auto import tqdm
+
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
