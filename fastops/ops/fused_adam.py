@@ -38,7 +38,9 @@ def _local_shards(tensors: list[Tensor], like: list[Tensor], what: str) -> list[
                 )
             t = t.to_local()
         elif isinstance(p, DTensor) and t.dim() > 0:
-            raise RuntimeError(f"fastops.fused_adam: {what} of a DTensor param must be DTensors sharded like it")
+            raise RuntimeError(
+                f"fastops.fused_adam: {what} of a DTensor param must be DTensors sharded like it"
+            )
         out.append(t)
     return out
 

@@ -301,10 +301,18 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         # Every rank's RNG state (dropout, augmentation); collective, so all ranks call it.
         rngs = distributed.all_gather_objects(checkpoint.rng_state(self.device), self.dist)
+        if self.cfg.fsdp:
+            # This rank's shards, keyed as in the plain model: torch.distributed.checkpoint's
+            # state_dict API, which knows FSDP2's DTensors.
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        else:
+            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
         return {
             "format": checkpoint.FORMAT_VERSION,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early.state_dict(),
@@ -316,11 +324,18 @@ class Trainer:
         }
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
-        if self.is_main:  # one writer; the others wait at the barrier so nobody reads a half file
+        if self.cfg.fsdp:
+            # Every rank writes its shards (torch.distributed.checkpoint) into a new directory;
+            # then rank 0 atomically replaces ``path``, which names it, so a kill anywhere leaves
+            # the previous pair intact.
+            state = checkpoint.save_sharded(state, path, tag=self.step, is_main=self.is_main)
+        elif self.is_main:  # one writer; the others wait at the barrier so nobody reads a half file
             checkpoint.atomic_save(state, path)
         distributed.barrier(self.dist)
         if path.name == "last.pt":
             self.last_good = (path, self.epoch)
+        if self.cfg.fsdp and self.is_main:
+            checkpoint.remove_stale_shards(path, keep=state["sharded"])
 
     def _save_best(self) -> None:
         """best.pt: the weights (only) of this epoch, the best so far, for evaluation."""
@@ -332,6 +347,16 @@ class Trainer:
 
     def load(self, path: str | Path) -> None:
         ckpt = checkpoint.load(path, map_location=self.device, resumable=True)
+        if ("sharded" in ckpt) != self.cfg.fsdp:
+            raise ConfigError(
+                f"fastops.train: --resume {str(path)!r} was written "
+                f"{'with' if 'sharded' in ckpt else 'without'} --fsdp; resume it the same way"
+            )
+        if self.cfg.fsdp and len(ckpt["rng"]) != self.dist.world_size:
+            raise ConfigError(
+                f"fastops.train: --resume {str(path)!r} holds the shards of {len(ckpt['rng'])} "
+                f"processes, this run has {self.dist.world_size}; resume on the same number"
+            )
         self.last_good = (Path(path), ckpt["epoch"])
         saved = ckpt["config"]
         for key in RESUME_INVARIANTS:
@@ -340,8 +365,20 @@ class Trainer:
                     f"fastops.train: --resume {str(path)!r} was written with {key}={saved.get(key)!r}, "
                     f"this run has {key}={getattr(self.cfg, key)!r}; they must match"
                 )
-        self.module.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+            loaded = checkpoint.load_sharded(path, ckpt, {"model": model_state, "optimizer": optimizer_state})
+            set_state_dict(
+                self.module,
+                self.optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optimizer"],
+            )
+        else:
+            self.module.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.early.load_state_dict(ckpt["early_stopping"])
@@ -375,7 +412,12 @@ class Trainer:
                     f"fastops.train: {str(best)!r} holds epoch {saved_best['epoch']}, but the best "
                     f"epoch of --resume {str(path)!r} is {self.early.best_epoch}; {advice}"
                 )
-            self.best_state = saved_best["model"]
+            if "sharded" in saved_best:
+                # Into copies: the live weights are the resumed epoch's, not the best one's.
+                copies = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+                self.best_state = checkpoint.load_sharded(best, saved_best, {"model": copies})["model"]
+            else:
+                self.best_state = saved_best["model"]
 
     # ---------------------------------------------------------------- the epochs
     def _to_device(self, batch: Batch) -> Batch:
