@@ -159,6 +159,13 @@ def shard_fsdp2(model: nn.Module, blocks: Sequence[nn.Module], *, amp_dtype: tor
         for t in [*model.parameters(), *model.buffers()]:
             dist.broadcast(t, src=0)
     policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+    if amp_dtype is not None:
+        # BatchNorm keeps fp32 weights, as under autocast: in eval mode its fp32 running
+        # statistics and low-precision weights would meet in one kernel, which refuses the mix.
+        fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        for norm in model.modules():
+            if isinstance(norm, nn.modules.batchnorm._BatchNorm):
+                fully_shard(norm, mp_policy=fp32)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from fastops.train import TrainConfig, distributed, fit
+from fastops.train import TrainConfig, distributed, fit, run
 from tests.train.test_fit import _blobs, _model
 
 
@@ -34,6 +34,12 @@ def main(mode: str, out: Path) -> None:
     fit(_model(), **data, config=cfg, out_dir=out / "split", stop_after_epoch=1)
     torch.manual_seed(123)  # the resumed run restores every RNG from the checkpoint
     fit(_model(seed=5), **data, config=cfg, out_dir=out / "split", resume=out / "split" / "last.pt")
+    # The bundled convnet (BatchNorm) under AMP: bf16 all-gathers, fp32 BatchNorm. Stock modules:
+    # fastops' depthwise conv checks dtypes before autocast casts its weight (bf16 fails on main too).
+    tiny = dict(
+        epochs=1, image_size=8, width=8, batch_size=32, amp="bf16", fastops=False, out_dir=out / "bundled"
+    )
+    run(cfg.replace(blocks=(), checkpointing=False, **tiny))  # type: ignore[arg-type]
     distributed.teardown()
 
 

@@ -99,6 +99,8 @@ def test_a_users_model_under_ddp_and_fsdp2_resumes_exactly(tmp_path, mode: str) 
         assert summary["world_size"] == 2 and summary["epochs"] == 2
     for key, value in weights["full"].items():
         assert torch.equal(weights["split"][key], value), key
+    bundled = json.loads((tmp_path / "bundled" / "summary.json").read_text())
+    assert bundled["amp"] == "bf16" and bundled["val_accuracy"] is not None
     if mode == "fsdp":  # superseded shard directories are removed
         assert sorted(p.name for p in (tmp_path / "split").glob("last.dcp.*")) == ["last.dcp.12"]
 
