@@ -87,7 +87,8 @@ class Trainer:
             (:func:`fastops.swap_modules`) and it is optimized with FusedAdamW.
         train_data, val_data, test_data: a map-style Dataset (the DataLoader is built here: a
             DistributedSampler seeded by ``config.seed``, pinned memory on CUDA, ``num_workers``),
-            or a ready DataLoader (any sized iterable of batches) used as it is. Batches are
+            or a ready DataLoader (any sized iterable of batches) used as it is (under torchrun,
+            give it a DistributedSampler; set_epoch is called on it each epoch). Batches are
             ``(inputs, targets, ...)``: the model is called on ``inputs``. val_data picks the best
             epoch and drives early stopping; test_data is evaluated once, with the best weights.
         loss_fn: ``loss_fn(outputs, batch)``, the mean loss of the batch; default cross-entropy
