@@ -253,7 +253,10 @@ class Trainer:
         if cfg.checkpointing:
             checkpoint_blocks(module, blocks)
         self.memory_format = torch.channels_last if cfg.use_channels_last() else torch.contiguous_format
-        module = module.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
+        # Weights stay contiguous under FSDP2, which refuses to shard non-contiguous parameters
+        # (the inputs may still be channels_last: convolutions take the mix).
+        weights_format = torch.contiguous_format if cfg.fsdp else self.memory_format
+        module = module.to(self.device, memory_format=weights_format)  # type: ignore[call-overload]
         if self.dist.enabled:
             # BN statistics over the global batch, so N ranks of batch B train like one of N*B.
             module = distributed.sync_batchnorm(module, self.device)

@@ -36,9 +36,8 @@ def main(mode: str, out: Path) -> None:
     fit(_model(seed=5), **data, config=cfg, out_dir=out / "split", resume=out / "split" / "last.pt")
     # The bundled convnet (BatchNorm) under AMP: bf16 all-gathers, fp32 BatchNorm. Stock modules:
     # fastops' depthwise conv checks dtypes before autocast casts its weight (bf16 fails on main too).
-    tiny = dict(
-        epochs=1, image_size=8, width=8, batch_size=32, amp="bf16", fastops=False, out_dir=out / "bundled"
-    )
+    tiny = dict(dataset="synthetic", synthetic_samples=64, image_size=8, width=8, batch_size=16)
+    tiny |= dict(epochs=1, amp="bf16", fastops=False, out_dir=out / "bundled")
     run(cfg.replace(blocks=(), checkpointing=False, **tiny))  # type: ignore[arg-type]
     distributed.teardown()
 

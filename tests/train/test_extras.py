@@ -45,7 +45,7 @@ def test_without_tensorboard_there_are_no_events_and_a_notice(tmp_path, monkeypa
         ),
         (
             "timm",
-            ["--model", "timm:resnet18"],
+            ["--model", "timm:resnet18", "--data", "synthetic"],
             "--model timm:resnet18 needs timm, which is not installed: pip install timm",
         ),
         ("torchvision", ["--model", "torchvision:resnet18", "--data", "synthetic"], "needs torchvision"),
