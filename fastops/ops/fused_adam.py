@@ -22,6 +22,29 @@ def _to(t: Tensor, device: torch.device) -> Tensor:
     return t.to(device, non_blocking=device.type != "cpu")
 
 
+def _local_shards(tensors: list[Tensor], like: list[Tensor], what: str) -> list[Tensor]:
+    """The local shards of DTensors (FSDP2, tensor parallel), each checked to be laid out as its
+    param is; plain tensors as they are."""
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for t, p in zip(tensors, like, strict=True):
+        if isinstance(t, DTensor):
+            if not isinstance(p, DTensor) or t.placements != p.placements or t.device_mesh != p.device_mesh:
+                raise RuntimeError(
+                    f"fastops.fused_adam: {what} must be sharded like their params (a pointwise "
+                    f"update over identical shards), got {t.placements} for a param with "
+                    f"{getattr(p, 'placements', 'no sharding')}"
+                )
+            t = t.to_local()
+        elif isinstance(p, DTensor) and t.dim() > 0:
+            raise RuntimeError(
+                f"fastops.fused_adam: {what} of a DTensor param must be DTensors sharded like it"
+            )
+        out.append(t)
+    return out
+
+
 def fused_adam(
     params: list[Tensor],
     grads: list[Tensor],
@@ -58,6 +81,9 @@ def fused_adam(
     does on the CPU, here on every device. Different params must not share memory or a step
     tensor (RuntimeError), nor state tensors.
 
+    DTensor params (FSDP2's ``fully_shard``, tensor parallel) take grads and state sharded the same
+    way; each rank then runs the kernel on its local shards.
+
     ``lr`` may be a float or a 1-element tensor of any floating dtype. A float lr, or a CPU tensor lr
     (read on the host), is checked (>= 0, not NaN) by the kernel at every step, on every device. For
     CUDA params a CUDA tensor lr is read by the kernel on the device and not checked at step time
@@ -68,6 +94,16 @@ def fused_adam(
     """
     if not params:
         return
+    if _any_dtensor(params):
+        # The update is pointwise, and param, grad and state are sharded alike, so each rank
+        # updates its own shards with the plain kernel: no communication, and the state stays
+        # DTensors (state_dicts round-trip through torch.distributed.checkpoint).
+        grads = _local_shards(grads, params, "grads")
+        exp_avgs = _local_shards(exp_avgs, params, "exp_avgs")
+        exp_avg_sqs = _local_shards(exp_avg_sqs, params, "exp_avg_sqs")
+        if max_exp_avg_sqs:
+            max_exp_avg_sqs = _local_shards(max_exp_avg_sqs, params, "max_exp_avg_sqs")
+        params = _local_shards(params, params, "params")
     devices: dict[torch.device, list[int]] = {}
     for i, p in enumerate(params):
         devices.setdefault(p.device, []).append(i)
@@ -108,6 +144,14 @@ def fused_adam(
             scale,
             inf,
         )
+
+
+def _any_dtensor(params: list[Tensor]) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in params)
 
 
 @torch.library.register_fake("fastops::fused_adam_")

@@ -19,6 +19,11 @@ import torch
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def dtype(amp: str) -> torch.dtype | None:
+    """The low-precision dtype of ``amp``; None for "none"."""
+    return _DTYPES.get(amp)
+
+
 def autocast(amp: str, device: torch.device) -> AbstractContextManager:
     """The forward-pass context for ``amp`` (a no-op for "none")."""
     if amp == "none":

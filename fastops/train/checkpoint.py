@@ -48,6 +48,8 @@ def all_finite(tensors: Iterable[object], device: torch.device) -> Tensor:
     """
     groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for t in tensors:
+        if hasattr(t, "to_local"):  # a DTensor (FSDP2): this rank checks its own shard
+            t = t.to_local()  # type: ignore[union-attr]
         if isinstance(t, Tensor) and t.is_floating_point() and t.numel():  # inf norm of [] is an error
             groups.setdefault((t.device, t.dtype), []).append(t)
     finite = torch.ones((), dtype=torch.bool, device=device)
@@ -114,6 +116,65 @@ def _leftovers(path: Path) -> list[Path]:
 def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
     """torch.save to ``path`` through atomic_write: a crash mid-save keeps the previous checkpoint."""
     atomic_write(path, lambda f: torch.save(obj, f))
+
+
+# Under FSDP2 the sharded entries (model weights, optimizer state) go to a torch.distributed.checkpoint
+# directory beside the .pt file, which keeps the rest and names the directory under "sharded".
+SHARDED_KEYS = ("model", "optimizer")
+
+
+def save_sharded(state: dict[str, Any], path: Path, *, tag: int, is_main: bool) -> dict[str, Any]:
+    """Write ``state``'s sharded entries with torch.distributed.checkpoint (every rank its own
+    shards) into ``<name>.dcp.<tag>`` beside ``path``, then (rank 0) ``path`` atomically, holding
+    the rest and the directory's name. Collective. Returns what ``path`` holds."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    directory = path.parent / f"{path.stem}.dcp.{tag}"
+    sharded = {k: state[k] for k in SHARDED_KEYS if k in state}
+    dcp.save(sharded, checkpoint_id=directory)
+    rest = {k: v for k, v in state.items() if k not in SHARDED_KEYS}
+    rest["sharded"] = directory.name
+    rest["sharded_keys"] = list(sharded)
+    dist.barrier()  # every rank's shards are on disk before the file that names them
+    if is_main:
+        atomic_save(rest, path)
+    return rest
+
+
+def remove_stale_shards(path: Path, keep: str) -> None:
+    """The ``<name>.dcp.*`` directories beside ``path`` other than ``keep`` (superseded)."""
+    import shutil
+
+    for entry in path.parent.glob(f"{path.stem}.dcp.*"):
+        if entry.name != keep and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def load_sharded(path: str | os.PathLike[str], ckpt: dict[str, Any], into: dict[str, Any]) -> dict[str, Any]:
+    """Read the sharded entries of checkpoint ``path`` (already loaded as ``ckpt``) into the state
+    dicts ``into`` (e.g. ``{"model": model.state_dict()}``), in place, and return it. Under a
+    process group each rank reads its shards; in a single process (evaluation) the whole tensors."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        if not dist.is_initialized():  # DCP warns that it assumes one process: that is the intent
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(into, checkpoint_id=Path(path).parent / ckpt["sharded"])
+    return into
+
+
+def load_weights(path: str | os.PathLike[str], model: torch.nn.Module) -> dict[str, Any]:
+    """Load the model weights of a checkpoint (last.pt or best.pt, sharded by FSDP2 or not) into
+    ``model``, e.g. in a single process for evaluation; returns the checkpoint's other entries."""
+    ckpt = load(path)
+    if "sharded" in ckpt:
+        ckpt["model"] = load_sharded(path, ckpt, {"model": model.state_dict()})["model"]
+    model.load_state_dict(ckpt["model"])
+    return ckpt
 
 
 class CheckpointError(ConfigError):
@@ -209,6 +270,12 @@ def load(
         raise fail(f"is not a checkpoint torch.load can read ({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION:
         raise fail(f"is not a fastops.train checkpoint (format {FORMAT_VERSION})")
+    if "sharded" in ckpt:
+        if not (path.parent / ckpt["sharded"]).is_dir():
+            raise fail(
+                f"names the sharded checkpoint directory {ckpt['sharded']!r} beside it, which is missing"
+            )
+        ckpt = {**{key: {} for key in ckpt.get("sharded_keys", ())}, **ckpt}
     missing = [key for key in RESUMABLE_KEYS if key not in ckpt]
     if resumable and missing == [key for key in RESUMABLE_KEYS if key not in ("model", "epoch")]:
         raise fail(
@@ -218,8 +285,13 @@ def load(
         )
     if resumable and missing:
         raise fail(f"is not a resumable fastops.train checkpoint (it has no {', '.join(missing)})")
-    if resumable and not all_finite(
-        training_state_tensors(ckpt["model"], ckpt["optimizer"]["state"]), torch.device("cpu")
+    # (A sharded checkpoint's weights were checked by every rank before they were written.)
+    if (
+        resumable
+        and "sharded" not in ckpt
+        and not all_finite(
+            training_state_tensors(ckpt["model"], ckpt["optimizer"]["state"]), torch.device("cpu")
+        )
     ):
         # Written before the loop refused to save non-finite weights: resuming would only stop again.
         raise fail("holds NaN/inf weights or optimizer state, so training cannot go on from it")

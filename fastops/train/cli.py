@@ -3,152 +3,114 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastops.train.config import (
-    AMP_CHOICES,
-    DEVICE_CHOICES,
-    NONFINITE_CHOICES,
-    NUMBERS,
-    ConfigError,
-    TrainConfig,
-)
+from fastops.train.config import NUMBERS, ConfigError, TrainConfig
 
 DEFAULTS = TrainConfig()
 
+# The parser's option groups: each starts at the named field and runs to the next one.
+SECTIONS = {
+    "model": "what to train",
+    "epochs": "optimization",
+    "device": "execution",
+    "out_dir": "output",
+}
+# Defaults of the bundled job that depend on --data synthetic (throughput runs: ImageNet-sized
+# images, a few epochs), applied when the option is not given.
+SYNTHETIC_DEFAULTS = {"image_size": 224, "epochs": 3}
 
-def _number_option(group: Any, flag: str, **kwargs: Any) -> None:
-    """An option for a numeric TrainConfig field: the field's Number parses and checks it, so a bad
-    value is an argparse error ("argument --lr: expected a finite number > 0, got inf", exit code 2)
-    before anything is built, with the same words TrainConfig.validate uses for the field."""
-    name = flag.removeprefix("--").replace("-", "_")
-    spec = NUMBERS[name]
 
-    def parse(text: str) -> int | float:
-        try:
-            return spec.parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
-    kwargs.setdefault("default", getattr(DEFAULTS, name))
-    kwargs["help"] = "; ".join(filter(None, (kwargs.get("help"), spec.describe())))
-    group.add_argument(flag, type=parse, **kwargs)
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return " ".join(map(str, value)) or "none"
+    return str(value)
+
+
+def _add_option(group: Any, f: dataclasses.Field) -> None:
+    """The option of one TrainConfig field: a Number parses a numeric one (so a bad value is an
+    argparse error naming the option, before anything is built, in the words TrainConfig.validate
+    uses), a bool is --x/--no-x, a tuple takes one or more values. The default is the field's, shown
+    once at the end of the help; options not given are absent from the namespace."""
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+    help_text = f.metadata["help"]
+    spec = NUMBERS.get(f.name)
+    if spec is not None:
+
+        def parse(text: str, spec: Any = spec) -> int | float:
+            try:
+                return spec.parse(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+
+        kwargs.update(type=parse, metavar="N" if spec.kind is int else "X")
+        help_text = f"{help_text}; {spec.describe()}"
+    elif f.type in ("bool", "bool | None"):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    elif f.type.startswith("tuple"):
+        kwargs.update(nargs="+", type=str, metavar="NAME")
+    elif f.type in ("Path", "Path | None"):
+        kwargs.update(type=Path, metavar="PATH")
+    elif not f.metadata.get("choices"):
+        kwargs["metavar"] = _flag(f).removeprefix("--").upper()
+    if f.metadata.get("choices"):
+        kwargs["choices"] = f.metadata["choices"]
+    if default is not None and not (f.type.startswith("bool") and "(default" in help_text):
+        help_text = f"{help_text} (default: {_shown(default)})"
+    group.add_argument(_flag(f), help=help_text, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="fastops-train",
         description=(
-            "Train a convnet of fastops blocks (depthwise-separable convs, GELU, squeeze-excitation, "
-            "BatchNorm) on scikit-learn's handwritten digits, or on synthetic images. "
-            "Multi-process: torchrun --standalone --nproc_per_node=N -m fastops.train [options]."
+            "Train a model (the bundled convnet of fastops blocks, a timm or torchvision model, or "
+            "your own) on scikit-learn's digits, synthetic images or an ImageFolder directory, with "
+            "fastops modules and FusedAdamW. Multi-process: torchrun --standalone "
+            "--nproc_per_node=N -m fastops.train [options]; add --fsdp to shard with FSDP2. "
+            "Multi-node: torchrun --nnodes=N --nproc_per_node=G --rdzv-backend=c10d "
+            "--rdzv-endpoint=HOST:PORT --rdzv-id=JOB -m fastops.train [options]."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     mode = p.add_argument_group("what to run")
     which = mode.add_mutually_exclusive_group()
     which.add_argument(
         "--baseline",
         action="store_true",
-        help="stock PyTorch modules and torch.optim.AdamW instead of fastops",
+        help="stock PyTorch modules and torch.optim.AdamW instead of fastops (same as --no-fastops)",
     )
     which.add_argument(
         "--compare",
         action="store_true",
         help="run fastops and the baseline, print a table and write compare.png into --out-dir",
     )
-    mode.add_argument(
-        "--synthetic", action="store_true", help="random images (throughput runs) instead of digits"
-    )
-    _number_option(mode, "--image-size", default=None, help="image side (default: 16 digits, 224 synthetic)")
-    _number_option(mode, "--num-classes", help="synthetic only")
-    _number_option(mode, "--synthetic-samples", help="per epoch and rank")
-    _number_option(mode, "--width", help="channels of the first stage")
-    _number_option(mode, "--dropout")
-    mode.add_argument("--no-augment", action="store_true", help="no random translations of the digits")
-
-    opt = p.add_argument_group("optimization")
-    _number_option(opt, "--epochs", default=None, help="default: 30 digits, 3 synthetic")
-    _number_option(opt, "--batch-size", help="per process")
-    _number_option(opt, "--accum-steps", help="micro-batches per step")
-    _number_option(opt, "--lr", help="OneCycleLR peak learning rate")
-    _number_option(opt, "--weight-decay")
-    _number_option(opt, "--grad-clip", help="0 disables")
-    _number_option(opt, "--patience", help="early stopping; 0 disables")
-    _number_option(opt, "--seed")
-
-    run = p.add_argument_group("execution")
-    run.add_argument("--device", choices=DEVICE_CHOICES, default=DEFAULTS.device)
-    run.add_argument("--amp", choices=AMP_CHOICES, default=DEFAULTS.amp, help="fp16 needs CUDA")
-    run.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the blocks")
-    run.add_argument(
-        "--channels-last",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="NHWC activations (default: on)",
-    )
-    run.add_argument("--compile", action="store_true", help="torch.compile the model")
-    _number_option(run, "--num-workers", help="DataLoader workers")
-    _number_option(
-        run,
-        "--threads",
-        help="CPU intra-op threads per process (0: torch's default); 1 is fastest for the small "
-        "digits model on a machine shared with other jobs",
-    )
-    run.add_argument(
-        "--nonfinite",
-        choices=NONFINITE_CHOICES,
-        default=DEFAULTS.nonfinite,
-        help="on a NaN/inf training or validation loss",
-    )
-    _number_option(run, "--log-every", help="steps between syncs")
-    run.add_argument("--profile", action="store_true", help="torch.profiler trace of a few steps")
-    run.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
-
-    out = p.add_argument_group("output")
-    out.add_argument("--out-dir", type=Path, default=DEFAULTS.out_dir, help="run directory")
-    out.add_argument("--resume", type=Path, default=None, help="continue from this checkpoint (last.pt)")
-    _number_option(out, "--stop-after-epoch", help="stop this invocation there")
+    group = None
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in SECTIONS:
+            group = p.add_argument_group(SECTIONS[f.name])
+        _add_option(group, f)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    dataset = "synthetic" if args.synthetic else "digits"
-    return TrainConfig(
-        dataset=dataset,
-        image_size=args.image_size or (224 if args.synthetic else DEFAULTS.image_size),
-        num_classes=args.num_classes,
-        synthetic_samples=args.synthetic_samples,
-        width=args.width,
-        dropout=args.dropout,
-        augment=not args.no_augment,
-        fastops=not args.baseline,
-        epochs=args.epochs or (3 if args.synthetic else DEFAULTS.epochs),
-        batch_size=args.batch_size,
-        accum_steps=args.accum_steps,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        patience=args.patience,
-        seed=args.seed,
-        device=args.device,
-        amp=args.amp,
-        checkpointing=args.checkpointing,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        num_workers=args.num_workers,
-        threads=args.threads,
-        nonfinite=args.nonfinite,
-        log_every=args.log_every,
-        profile=args.profile,
-        out_dir=args.out_dir,
-        resume=args.resume,
-        stop_after_epoch=args.stop_after_epoch,
-        progress=not args.no_progress,
-    )
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)}
+    if given.get("dataset") == "synthetic":
+        given = {**SYNTHETIC_DEFAULTS, **given}
+    if args.baseline:
+        given["fastops"] = False
+    if "blocks" in given:
+        given["blocks"] = tuple(given["blocks"])
+    return TrainConfig(**given)
 
 
 def compare_table(results: dict[str, dict[str, Any]]) -> str:
@@ -176,7 +138,7 @@ def _fit_in_child(cfg: TrainConfig, queue: Any) -> None:
     from fastops.train.trainer import Trainer
 
     try:
-        queue.put(("ok", Trainer(cfg).fit()))
+        queue.put(("ok", Trainer.from_config(cfg).fit()))
     except BaseException as e:  # report, then let the parent raise
         queue.put(("error", f"{type(e).__name__}: {e}"))
 
@@ -206,7 +168,7 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     torchrun the legs run one after the other in the ranks' processes; CUDA peak memory is reset
     per leg, CPU peak RSS is then the maximum over the legs so far.
     """
-    from fastops.train import distributed
+    from fastops.train import distributed, extras
     from fastops.train.metrics import write_json
     from fastops.train.plots import plot_compare
     from fastops.train.trainer import Trainer
@@ -215,14 +177,15 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, use_fastops in (("fastops", True), ("stock", False)):
         sub = cfg.replace(fastops=use_fastops, out_dir=Path(cfg.out_dir) / name)
-        results[name] = Trainer(sub).fit() if info.enabled else _fit_isolated(sub)
+        results[name] = Trainer.from_config(sub).fit() if info.enabled else _fit_isolated(sub)
     if info.is_main:
         table = compare_table(results)
         print(table)
         (Path(cfg.out_dir) / "compare.md").write_text(table + "\n")
         write_json(Path(cfg.out_dir) / "compare.json", results)
-        plot_compare(results, Path(cfg.out_dir) / "compare.png")
-        print(f"wrote {Path(cfg.out_dir) / 'compare.png'}")
+        if extras.optional("matplotlib", "no compare.png is drawn", "matplotlib"):
+            plot_compare(results, Path(cfg.out_dir) / "compare.png")
+            print(f"wrote {Path(cfg.out_dir) / 'compare.png'}")
     distributed.barrier(info)
     return results
 
@@ -230,6 +193,10 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # --model package.module:factory imports the user's code from the working directory, as
+    # ``python -m`` would; the fastops-train script does not put it on sys.path by itself.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         cfg = config_from_args(args).validate()
     except ConfigError as e:
@@ -242,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.compare:
             run_compare(cfg)
         else:
-            trainer = Trainer(cfg)
+            trainer = Trainer.from_config(cfg)
             summary = trainer.fit()
             if trainer.is_main:
                 acc = summary["test_accuracy"]

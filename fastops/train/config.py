@@ -81,57 +81,100 @@ class Number:
         return value
 
 
-def number(default: float | None, kind: type | None = None, **bounds: Any) -> Any:
-    """A numeric TrainConfig field: its default and its Number (``kind`` is the default's type
-    unless given; ``bounds`` as in Number)."""
-    return field(default=default, metadata={"number": Number(kind or type(default), **bounds)})
+def number(default: float | None, kind: type | None = None, *, help: str, **bounds: Any) -> Any:
+    """A numeric TrainConfig field: its default, its Number (``kind`` is the default's type unless
+    given; ``bounds`` as in Number) and its help text."""
+    return field(default=default, metadata={"number": Number(kind or type(default), **bounds), "help": help})
+
+
+def setting(
+    default: Any = None, *, help: str, choices: tuple[str, ...] = (), flag: str = "", **kw: Any
+) -> Any:
+    """A TrainConfig field with its help text (and, for the CLI, its choices and a flag other than
+    ``--field-name``): a setting is declared once, here, and the parser is generated from it."""
+    metadata = {"help": help, "choices": choices, "flag": flag}
+    if "default_factory" in kw:
+        return field(default_factory=kw["default_factory"], metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class TrainConfig:
     # what to train
-    dataset: str = "digits"  # "digits" (sklearn, real data) or "synthetic" (random images, throughput)
-    # digits are 8x8 and upsampled to this; synthetic images are this size
-    image_size: int = number(16, low=8)
-    num_classes: int = number(10, low=2)  # synthetic only; digits has 10
-    synthetic_samples: int = number(4096, low=1)  # synthetic: samples per epoch (per rank)
-    width: int = number(32, low=1)  # channels of the first stage; later stages double it
-    dropout: float = number(0.1, low=0, high=1, high_open=True)
-    augment: bool = True  # random translations of the training digits
-    fastops: bool = True  # False: the same model with stock modules and torch.optim.AdamW
+    model: str = setting(
+        "convnet",
+        help="convnet (the bundled ConvNet of fastops blocks), timm:NAME, torchvision:NAME, or "
+        "package.module:factory (your code; called with the keywords it takes among num_classes, "
+        "in_channels, image_size)",
+    )
+    blocks: tuple[str, ...] = setting(
+        (),
+        help="the model's blocks, the units of --checkpointing and --fsdp: submodule names "
+        "(layer1 layer2) or class names (Bottleneck); the convnet's are its SeparableBlocks",
+    )
+    pretrained: bool = setting(False, help="timm/torchvision weights, only if already downloaded")
+    dataset: str = setting(
+        "digits",
+        flag="--data",
+        help="digits (scikit-learn's, real data), synthetic (random images, throughput), or a "
+        "directory in ImageFolder layout with train/ and val/ (and optionally test/) subfolders",
+    )
+    image_size: int = number(
+        16, low=8, help="image side: digits are 8x8 upsampled to it (224 with --data synthetic)"
+    )
+    num_classes: int = number(10, low=2, help="synthetic data only; digits has 10")
+    synthetic_samples: int = number(4096, low=1, help="synthetic data: samples per epoch and process")
+    width: int = number(32, low=1, help="convnet: channels of the first stage; later stages double it")
+    dropout: float = number(0.1, low=0, high=1, high_open=True, help="convnet: dropout before the head")
+    augment: bool = setting(True, help="random translations of the digits; random crops and flips of images")
+    fastops: bool = setting(
+        True, help="fastops modules and FusedAdamW; --no-fastops: stock modules and AdamW"
+    )
     # how to train
-    epochs: int = number(30, low=1)
-    batch_size: int = number(64, low=1)  # per process, per micro-batch
-    accum_steps: int = number(1, low=1)  # micro-batches per optimizer step
-    lr: float = number(4e-3, low=0, low_open=True)  # OneCycleLR peak
-    weight_decay: float = number(0.05, low=0)
-    grad_clip: float = number(1.0, low=0)  # max global grad norm; 0 disables
-    patience: int = number(8, low=0)  # early stopping: epochs without a better val accuracy; 0 disables
+    epochs: int = number(30, low=1, help="training epochs (3 with --data synthetic)")
+    batch_size: int = number(64, low=1, help="per process, per micro-batch")
+    accum_steps: int = number(1, low=1, help="micro-batches per optimizer step")
+    lr: float = number(4e-3, low=0, low_open=True, help="OneCycleLR peak learning rate")
+    weight_decay: float = number(0.05, low=0, help="AdamW's, on matrices and conv kernels only")
+    grad_clip: float = number(1.0, low=0, help="max global gradient norm; 0 disables")
+    patience: int = number(8, low=0, help="early stopping: epochs without a better val metric; 0 disables")
     # Bounded so that every seed derived from it (+ rank, + epoch, * 1000 for synthetic data)
     # stays within what torch.manual_seed takes.
-    seed: int = number(0, low=0, high=2**32 - 1)
+    seed: int = number(0, low=0, high=2**32 - 1, help="weights, data order, dropout, augmentation")
     # how to run it
-    device: str = "auto"
-    amp: str = "none"
-    checkpointing: bool = False  # activation checkpointing of the model's blocks
+    device: str = setting("auto", choices=DEVICE_CHOICES, help="auto: CUDA when available")
+    amp: str = setting(
+        "none", choices=AMP_CHOICES, help="autocast dtype; fp16 (with a GradScaler) needs CUDA"
+    )
+    checkpointing: bool = setting(False, help="activation checkpointing of the model's --blocks")
     # None: on. NHWC is what cuDNN's fast kernels want, and on the CPU it is where fastops' depthwise
     # kernels and oneDNN do best (digits model, 2 threads: 25.9 ms/step NHWC vs 33.0 ms NCHW with
     # fastops; stock 29.8 vs 30.2 ms).
-    channels_last: bool | None = None
-    compile: bool = False
-    num_workers: int = number(0, low=0)
-    # CPU intra-op threads (torch.set_num_threads, a C int); 0 keeps torch's default
-    threads: int = number(0, low=0, high=2**31 - 1)
-    nonfinite: str = "stop"  # what a NaN/inf (training or validation) loss does: stop, or skip steps (fp16)
-    # steps between progress-bar/NaN checks (the only host syncs of a step)
-    log_every: int = number(20, low=1)
-    profile: bool = False  # write a torch.profiler trace of a few steps into the run dir
+    channels_last: bool | None = setting(None, help="NHWC images and conv weights (default: on)")
+    compile: bool = setting(False, help="torch.compile the model (after DDP)")
+    fsdp: bool = setting(False, help="under torchrun: shard the model with FSDP2 instead of DDP")
+    num_workers: int = number(0, low=0, help="DataLoader worker processes")
+    threads: int = number(
+        0,
+        low=0,
+        high=2**31 - 1,
+        help="CPU intra-op threads per process (0: torch's default); 1 is fastest for the small "
+        "digits model on a machine shared with other jobs",
+    )
+    nonfinite: str = setting(
+        "stop",
+        choices=NONFINITE_CHOICES,
+        help="on a NaN/inf training or validation loss: stop, or skip the step (--amp fp16)",
+    )
+    log_every: int = number(20, low=1, help="steps between progress-bar/NaN checks (the only host syncs)")
+    profile: bool = setting(False, help="write a torch.profiler trace of a few steps into --out-dir")
     # where results go
-    out_dir: Path = field(default_factory=lambda: Path("runs/train"))
-    resume: Path | None = None
-    # stop this invocation after that epoch (split a run in jobs)
-    stop_after_epoch: int | None = number(None, int, low=1, optional=True)
-    progress: bool = True  # tqdm bar on rank 0
+    out_dir: Path = setting(default_factory=lambda: Path("runs/train"), help="run directory")
+    resume: Path | None = setting(None, help="continue from this checkpoint (last.pt)")
+    stop_after_epoch: int | None = number(
+        None, int, low=1, optional=True, help="stop this invocation after that epoch (split a run in jobs)"
+    )
+    progress: bool = setting(True, help="tqdm progress bar on rank 0")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -145,8 +188,22 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(f"fastops.train: {msg}")
 
+        need(
+            self.dataset in DATASET_CHOICES
+            or all((Path(self.dataset) / sub).is_dir() for sub in ("train", "val")),
+            f"--data must be one of {DATASET_CHOICES} or a directory with train/ and val/ "
+            f"subfolders (ImageFolder layout), got {self.dataset!r}",
+        )
+        need(
+            self.model == "convnet" or (":" in self.model and all(self.model.split(":", 1))),
+            "--model must be convnet, timm:NAME, torchvision:NAME or package.module:factory, "
+            f"got {self.model!r}",
+        )
+        need(
+            isinstance(self.blocks, (tuple, list)) and all(isinstance(b, str) and b for b in self.blocks),
+            f"--blocks must be a list of submodule or class names, got {self.blocks!r}",
+        )
         for name, choices in (
-            ("dataset", DATASET_CHOICES),
             ("device", DEVICE_CHOICES),
             ("amp", AMP_CHOICES),
             ("nonfinite", NONFINITE_CHOICES),

@@ -1,16 +1,21 @@
-"""Data: scikit-learn's handwritten digits (real data, ships with sklearn, no download) and a
-synthetic image source for throughput runs; sharded per rank for DDP."""
+"""Data: scikit-learn's handwritten digits (real data, ships with sklearn, no download), a synthetic
+image source for throughput runs, and ImageFolder directories; sharded per rank for DDP/FSDP."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, TensorDataset
+
+from fastops.train import extras
+from fastops.train.config import ConfigError
 
 # The held-out split is fixed (independent of --seed) so runs with different seeds are comparable.
 SPLIT_SEED = 1234
@@ -109,14 +114,7 @@ class SyntheticLoader:
 
 
 def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data:
-    """Loaders for cfg.dataset, sharded for this rank.
-
-    Training: a DistributedSampler (also with one process: it shuffles from seed + epoch, so the
-    order of every epoch is a pure function of the seed, which makes --resume exact) with
-    drop_last, so every step sees full batches on every rank. Evaluation: rank r takes samples
-    r, r + world, ... with no padding, and the metrics are summed over ranks, so each held-out sample
-    counts exactly once.
-    """
+    """Loaders for cfg.dataset, sharded for this rank (see train_loader and eval_loader)."""
     if cfg.dataset == "synthetic":
         make = lambda samples, seed: SyntheticLoader(  # noqa: E731
             batch_size=cfg.batch_size,
@@ -131,20 +129,98 @@ def build_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data
         samples = len(synth_train) * cfg.batch_size * world_size
         return Data(synth_train, synth_val, None, 3, cfg.num_classes, samples)
 
+    if cfg.dataset != "digits":
+        return image_folder_data(cfg, rank=rank, world_size=world_size, device=device)
+    extras.require("sklearn", "--data digits", "scikit-learn")
     splits = digits_tensors(cfg.image_size)
-    pin = device.type == "cuda"
-    common = dict(num_workers=cfg.num_workers, pin_memory=pin, persistent_workers=cfg.num_workers > 0)
     train_set = TensorDataset(*splits["train"])
-    sampler: DistributedSampler = DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    train = train_loader(train_set, cfg, rank=rank, world_size=world_size, device=device)
+    val, test = (
+        eval_loader(TensorDataset(*splits[name]), cfg, rank=rank, world_size=world_size, device=device)
+        for name in ("val", "test")
     )
-    train = DataLoader(train_set, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **common)
-
-    def eval_loader(name: str) -> DataLoader:
-        ds = TensorDataset(*splits[name])
-        shard = Subset(ds, list(range(rank, len(ds), world_size)))
-        return DataLoader(shard, batch_size=max(256, cfg.batch_size), shuffle=False, **common)
-
     per_rank = math.floor(len(train_set) / world_size)
     steps = per_rank // cfg.batch_size
-    return Data(train, eval_loader("val"), eval_loader("test"), 1, 10, steps * cfg.batch_size * world_size)
+    return Data(train, val, test, 1, 10, steps * cfg.batch_size * world_size)
+
+
+# The per-channel statistics torchvision's ImageNet weights were trained with: the usual choice.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def image_folder_data(cfg, *, rank: int, world_size: int, device: torch.device) -> Data:
+    """A directory in ImageFolder layout: ``train/CLASS/*.jpg``, ``val/CLASS/*``, optionally ``test/``.
+
+    The standard transforms: for training, a random resized crop to image_size and a horizontal
+    flip (no augmentation: as for evaluation); for evaluation, a resize to 8/7 of image_size and
+    a centre crop; then ImageNet's normalization.
+    """
+    extras.require(
+        "torchvision", f"--data {cfg.dataset} (an ImageFolder directory)", "torchvision", in_extra=False
+    )
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    size = cfg.image_size
+    normalize = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    eval_tf = T.Compose([T.Resize(size * 8 // 7), T.CenterCrop(size), *normalize])
+    train_tf = (
+        T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), *normalize])
+        if cfg.augment
+        else eval_tf
+    )
+    root = Path(cfg.dataset)
+    train_set = datasets.ImageFolder(str(root / "train"), train_tf)
+    splits = {"val": datasets.ImageFolder(str(root / "val"), eval_tf)}
+    if (root / "test").is_dir():
+        splits["test"] = datasets.ImageFolder(str(root / "test"), eval_tf)
+    for name, split in splits.items():
+        if split.classes != train_set.classes:
+            raise ConfigError(
+                f"fastops.train: --data {cfg.dataset}: {name}/ has classes {split.classes}, "
+                f"train/ has {train_set.classes}; they must be the same"
+            )
+    where = dict(cfg=cfg, rank=rank, world_size=world_size, device=device)
+    test = eval_loader(splits["test"], **where) if "test" in splits else None
+    steps = len(train_set) // world_size // cfg.batch_size
+    return Data(
+        train_loader(train_set, **where),
+        eval_loader(splits["val"], **where),
+        test,
+        3,
+        len(train_set.classes),
+        steps * cfg.batch_size * world_size,
+    )
+
+
+def _loader_options(cfg, device: torch.device) -> dict[str, Any]:
+    # Pinned host memory makes the host-to-GPU copy asynchronous; workers that outlive an epoch
+    # save their start-up at every epoch.
+    return dict(
+        num_workers=cfg.num_workers, pin_memory=device.type == "cuda", persistent_workers=cfg.num_workers > 0
+    )
+
+
+def train_loader(dataset: Dataset, cfg, *, rank: int, world_size: int, device: torch.device) -> DataLoader:
+    """The training DataLoader of a map-style ``dataset``, sharded for this rank.
+
+    A DistributedSampler also with one process: it shuffles from seed + epoch, so the order of every
+    epoch is a pure function of the seed, which makes --resume exact. drop_last, so every step sees
+    full batches on every rank.
+    """
+    sampler: DistributedSampler = DistributedSampler(
+        dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    return DataLoader(
+        dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True, **_loader_options(cfg, device)
+    )
+
+
+def eval_loader(dataset: Dataset, cfg, *, rank: int, world_size: int, device: torch.device) -> DataLoader:
+    """Rank r evaluates samples r, r + world, ... with no padding; the metrics are summed over
+    ranks, so each held-out sample counts exactly once."""
+    shard = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]
+    return DataLoader(
+        shard, batch_size=max(256, cfg.batch_size), shuffle=False, **_loader_options(cfg, device)
+    )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -141,3 +143,55 @@ def sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
 
     convert(model)
     return model
+
+
+def shard_fsdp2(model: nn.Module, blocks: Sequence[nn.Module], *, amp_dtype: torch.dtype | None) -> None:
+    """FSDP2: ``fully_shard`` each block, then the root (which takes the parameters no block holds).
+
+    Each block's parameters are all-gathered just before its forward and freed after it, so at most
+    about one block is unsharded at a time. Under AMP the parameters are gathered in the autocast
+    dtype and the gradients reduced in fp32 (MixedPrecisionPolicy). The ranks start from rank 0's
+    weights and buffers, as DDP would make them: fully_shard itself does not broadcast.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(t, src=0)
+    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+    if amp_dtype is not None:
+        # BatchNorm keeps fp32 weights, as under autocast: in eval mode its fp32 running
+        # statistics and low-precision weights would meet in one kernel, which refuses the mix.
+        fp32 = MixedPrecisionPolicy(reduce_dtype=torch.float32)
+        for norm in model.modules():
+            if isinstance(norm, nn.modules.batchnorm._BatchNorm):
+                fully_shard(norm, mp_policy=fp32)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+class Weighted(NamedTuple):
+    batch: Any
+    weight: float
+
+
+def padded_batches(loader: Iterable[Any], info: DistInfo) -> Iterator[Any]:
+    """The loader's batches, then, on a rank with fewer than the most, its last batch again with
+    weight 0 until every rank has yielded as many: for models (FSDP2) whose forward is a collective."""
+    count = torch.tensor([len(loader)])  # type: ignore[arg-type]
+    if info.enabled:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    last = None
+    n = 0
+    for batch in loader:
+        last = batch
+        n += 1
+        yield batch
+    if last is None and int(count) > 0:
+        raise RuntimeError(
+            f"fastops.train: rank {info.rank} has no evaluation batch while another has; "
+            "give the evaluation set at least one sample per process"
+        )
+    for _ in range(int(count) - n):
+        yield Weighted(last, 0.0)

@@ -1,57 +1,95 @@
-"""One optimizer step, as a function of its parts: the story every training step of fastops.train tells."""
+"""One optimizer step, as a function of its parts: the story every training step of fastops.train tells.
+
+A batch is a ``(inputs, targets, ...)`` tuple or list: the model is called on ``batch[0]``, and the
+loss and metric functions get the model's outputs and the whole batch.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+Batch = Sequence[Any]  # (inputs, targets, ...)
+LossFn = Callable[[Any, Batch], Tensor]  # (outputs, batch) -> the mean loss over the batch
+MetricFn = Callable[[Any, Batch], Tensor]  # (outputs, batch) -> the metric summed over the batch's samples
+
+
+def model_inputs(batch: Batch) -> Any:
+    """What the model is called on: the first element of a ``(inputs, targets, ...)`` batch."""
+    if not isinstance(batch, (tuple, list)) or not batch:
+        raise TypeError(
+            "fastops.train: a batch must be a non-empty (inputs, targets, ...) tuple or list, "
+            f"got {type(batch).__name__}"
+        )
+    return batch[0]
+
+
+def batch_size_of(batch: Batch) -> int:
+    """Samples in a batch: the length of its inputs."""
+    return len(model_inputs(batch))
+
+
+def cross_entropy_loss(outputs: Tensor, batch: Batch) -> Tensor:
+    """The default loss: cross-entropy of the logits (in fp32, also under autocast) and ``batch[1]``."""
+    return nn.functional.cross_entropy(outputs.float(), batch[1])
+
+
+def accuracy_sum(outputs: Tensor, batch: Batch) -> Tensor:
+    """The default metric: how many samples' argmax logit is their ``batch[1]`` class."""
+    return (outputs.detach().argmax(-1) == batch[1]).sum()
 
 
 @dataclass
 class StepResult:
     loss: Tensor  # mean loss over the micro-batches, detached, on the device (no host sync)
-    correct: Tensor  # number of correctly classified samples, on the device
+    metric: Tensor  # metric_fn summed over the step's samples (correct predictions by default), on the device
 
 
 def train_step(
     model: nn.Module,
-    micro_batches: Sequence[tuple[Tensor, Tensor]],
+    micro_batches: Sequence[Batch],
     *,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     autocast: Callable[[], AbstractContextManager],
-    loss_fn: Callable[[Tensor, Tensor], Tensor] = nn.functional.cross_entropy,
+    loss_fn: LossFn = cross_entropy_loss,
+    metric_fn: MetricFn = accuracy_sum,
     grad_clip: float = 0.0,
 ) -> StepResult:
     """Forward/backward over ``micro_batches`` (gradient accumulation), then one optimizer step.
 
-    ``model`` may be wrapped in DDP; ``scaler`` is a GradScaler, disabled unless training in fp16.
-    Nothing here reads a value back to the host, so the CPU can run ahead of the GPU.
+    ``model`` may be wrapped in DDP or sharded with FSDP2; ``scaler`` is a GradScaler, disabled
+    unless training in fp16. Nothing here reads a value back to the host, so the CPU can run ahead
+    of the GPU.
     """
     # set_to_none: the first backward writes the gradients instead of adding to zero-filled
     # tensors, which saves a memset and a read of every gradient each step.
     optimizer.zero_grad(set_to_none=True)
     n = len(micro_batches)
-    loss_sum = torch.zeros((), device=micro_batches[0][0].device)
-    correct = torch.zeros((), dtype=torch.int64, device=micro_batches[0][0].device)
-    for i, (x, y) in enumerate(micro_batches):
+    device = next(t for t in _tensors(micro_batches[0])).device
+    loss_sum = torch.zeros((), device=device)
+    metric = torch.zeros((), device=device)
+    for i, batch in enumerate(micro_batches):
         # no_sync on all but the last micro-batch: DDP then only accumulates gradients locally,
         # and the one all-reduce of the step overlaps with the last micro-batch's backward.
         sync = i == n - 1 or not hasattr(model, "no_sync")
         with nullcontext() if sync else model.no_sync():  # type: ignore[operator]
             with autocast():
-                logits = model(x)
+                outputs = model(model_inputs(batch))
                 # Divided by n so that the accumulated gradient is that of the mean over all
                 # micro-batches, i.e. of one large batch.
-                loss = loss_fn(logits.float(), y) / n
+                loss = loss_fn(outputs, batch) / n
             # The scaler multiplies the fp16 loss by its scale so small gradients do not flush to
             # zero; for bf16/fp32 it is disabled and returns the loss as is.
             scaler.scale(loss).backward()
         loss_sum += loss.detach()
-        correct += (logits.detach().argmax(1) == y).sum()
+        with torch.no_grad():
+            metric += metric_fn(outputs, batch)
     if grad_clip > 0:
         # Unscale before clipping: the threshold is in units of the true gradient, not of the
         # scaled one. unscale_ also records (on the device) whether any gradient is inf/NaN.
@@ -62,4 +100,11 @@ def train_step(
     # then halves the scale; otherwise both are plain optimizer.step() / no-ops.
     scaler.step(optimizer)
     scaler.update()
-    return StepResult(loss_sum, correct)
+    return StepResult(loss_sum, metric)
+
+
+def _tensors(batch: Batch) -> list[Tensor]:
+    found = [t for t in batch if isinstance(t, Tensor)]
+    if not found:
+        raise TypeError("fastops.train: a batch must hold at least one tensor")
+    return found

@@ -31,7 +31,7 @@ CSV_FIELDS = [
 
 
 class MetricsWriter:
-    """metrics.csv, one row per epoch, and the TensorBoard events if tensorboard is importable.
+    """metrics.csv, one row per epoch, and (``tensorboard=True``) the TensorBoard events.
 
     Each invocation starts metrics.csv afresh from ``history``, the rows the resumed checkpoint
     carries (none in a new run), written atomically like a checkpoint: rows of epochs past the
@@ -40,7 +40,14 @@ class MetricsWriter:
     TensorBoard is told to hide events past the checkpoint's ``step`` for the same reason.
     """
 
-    def __init__(self, run_dir: Path, history: Sequence[dict[str, Any]] = (), *, step: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        history: Sequence[dict[str, Any]] = (),
+        *,
+        step: int = 0,
+        tensorboard: bool = True,
+    ) -> None:
         self.path = run_dir / "metrics.csv"
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
@@ -48,13 +55,11 @@ class MetricsWriter:
         writer.writerows(history)
         atomic_write(self.path, lambda f: f.write(text.getvalue().encode()))
         self.tb = None
-        try:
+        if tensorboard:  # optional: the Trainer has said once when it is not installed
             from torch.utils.tensorboard import SummaryWriter
 
             # Events with a global step >= purge_step, left by an earlier invocation, are hidden.
             self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=step + 1)
-        except ImportError:  # tensorboard is optional
-            pass
 
     def write(self, row: dict[str, Any]) -> None:
         with open(self.path, "a", newline="") as f:

@@ -1,4 +1,5 @@
-"""The main job's model: a small convnet of depthwise-separable residual blocks with squeeze-excitation.
+"""Models of the CLI: the bundled convnet of depthwise-separable residual blocks with squeeze-excitation,
+and :func:`load_model`, which builds whatever ``--model`` names (timm, torchvision, your factory).
 
 It is built from stock modules (nn.Conv2d with groups=C, nn.GELU, nn.Linear + nn.GELU inside
 nn.Sequential, nn.BatchNorm2d); :func:`build_model` with ``fastops=True`` then calls
@@ -8,11 +9,19 @@ same seed and their state_dicts are interchangeable.
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
 from fastops.swap import SwapReport, swap_modules
-from fastops.train.activation_checkpointing import checkpoint_block
+from fastops.train import extras
+from fastops.train.config import ConfigError
 
 
 class SqueezeExcite(nn.Module):
@@ -54,8 +63,8 @@ class ConvNet(nn.Module):
     """Stem conv, then stages of SeparableBlocks that halve the resolution down to <= 8x8 (the last
     stage ends at <= 4x4), then global pooling and an MLP head.
 
-    ``activation_checkpointing = True`` recomputes each block's activations in the backward pass
-    instead of storing them (see :func:`fastops.train.activation_checkpointing.checkpoint_block`).
+    Its SeparableBlocks are the units of activation checkpointing and FSDP2 sharding
+    (``Trainer(..., blocks=[SeparableBlock])``).
     """
 
     def __init__(
@@ -81,15 +90,10 @@ class ConvNet(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(2 * channels, num_classes),
         )
-        self.activation_checkpointing = False
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.stem(x)
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint_block(block, x)
-            else:
-                x = block(x)
+        x = self.blocks(x)
         return self.head(x.mean((2, 3)))
 
 
@@ -110,3 +114,112 @@ def build_model(
     if not fastops:
         return model, None
     return model, swap_modules(model)
+
+
+def _call_factory(factory: Callable[..., Any], spec: str, **available: Any) -> nn.Module:
+    """``factory`` called with the keywords it takes among ``available``."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: call it plainly
+        params = {}  # type: ignore[assignment]
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in available.items() if takes_all or k in params}
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"fastops.train: --model {spec}: the factory returned {type(model).__name__}, not an nn.Module"
+        )
+    return model
+
+
+def load_model(
+    spec: str,
+    *,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    width: int = 32,
+    dropout: float = 0.1,
+    pretrained: bool = False,
+) -> nn.Module:
+    """The model ``--model`` names, with stock modules (the Trainer swaps them when asked).
+
+    * ``convnet``: the bundled ConvNet.
+    * ``timm:NAME``: ``timm.create_model(NAME, num_classes=..., in_chans=...)``; with ``pretrained``
+      only weights already in the local Hugging Face cache (HF_HUB_OFFLINE), never a download.
+    * ``torchvision:NAME``: ``torchvision.models.get_model(NAME, num_classes=...)`` (3-channel
+      images); with ``pretrained`` the default weights, only if already in torch.hub's cache.
+    * ``package.module:factory``: your code, imported (the CLI puts the current directory on
+      sys.path, as ``python -m`` does) and called with the keywords it takes among num_classes, in_channels and
+      image_size.
+    """
+    if spec == "convnet":
+        return ConvNet(in_channels, num_classes, image_size, width=width, dropout=dropout)
+    kind, _, name = spec.partition(":")
+    if kind == "timm":
+        extras.require("timm", f"--model {spec}", "timm", in_extra=False)
+        import timm
+
+        if pretrained:
+            os.environ["HF_HUB_OFFLINE"] = "1"  # local weights only: never download during a run
+        try:
+            return timm.create_model(
+                name, pretrained=pretrained, num_classes=num_classes, in_chans=in_channels
+            )
+        except RuntimeError as e:  # an unknown name
+            raise ConfigError(f"fastops.train: --model {spec}: {e}") from None
+        except OSError as e:  # offline and not in the cache
+            raise ConfigError(
+                f"fastops.train: --model {spec} --pretrained: the weights are not in the local cache ({e})"
+            ) from None
+    if kind == "torchvision":
+        extras.require("torchvision", f"--model {spec}", "torchvision", in_extra=False)
+        import torchvision
+
+        if in_channels != 3:
+            raise ConfigError(
+                f"fastops.train: --model {spec} takes 3-channel images; the data has {in_channels} "
+                "channel(s) (use --data synthetic or an ImageFolder directory)"
+            )
+        try:
+            weights = torchvision.models.get_model_weights(name).DEFAULT if pretrained else None
+        except ValueError as e:
+            raise ConfigError(f"fastops.train: --model {spec}: {e}") from None
+        if weights is not None:
+            cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+            if not cached.is_file():
+                raise ConfigError(
+                    f"fastops.train: --model {spec} --pretrained: the weights are not at {cached}; "
+                    "download them first (fastops.train never downloads during a run)"
+                )
+            # The pretrained head has the weights' classes; a new head for this data replaces it.
+            model = torchvision.models.get_model(name, weights=weights)
+            return _replace_head(model, num_classes, spec)
+        return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    module_name, attr = kind, name
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"fastops.train: --model {spec}: cannot import {module_name!r} ({e})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"fastops.train: --model {spec}: {module_name!r} has no callable {attr!r}")
+    return _call_factory(
+        factory, spec, num_classes=num_classes, in_channels=in_channels, image_size=image_size
+    )
+
+
+def _replace_head(model: nn.Module, num_classes: int, spec: str) -> nn.Module:
+    for attr in ("fc", "classifier", "head", "heads"):
+        head = getattr(model, attr, None)
+        if isinstance(head, nn.Sequential):
+            head = head[-1]
+            if isinstance(head, nn.Linear):
+                getattr(model, attr)[-1] = nn.Linear(head.in_features, num_classes)
+                return model
+        elif isinstance(head, nn.Linear):
+            setattr(model, attr, nn.Linear(head.in_features, num_classes))
+            return model
+    raise ConfigError(
+        f"fastops.train: --model {spec} --pretrained: no Linear classifier head found to replace"
+    )

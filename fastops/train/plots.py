@@ -20,12 +20,15 @@ def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> N
     plt = _pyplot()
     epochs = [h["epoch"] for h in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    # A run without validation data has no val_* values: its validation curves are left out.
     for key, label in (("train_loss", "train"), ("val_loss", "validation")):
-        ax_loss.plot(epochs, [h[key] for h in history], marker=".", label=label)
+        if all(h.get(key) is not None for h in history):
+            ax_loss.plot(epochs, [h[key] for h in history], marker=".", label=label)
     for key, label in (("train_accuracy", "train"), ("val_accuracy", "validation")):
-        ax_acc.plot(epochs, [100 * h[key] for h in history], marker=".", label=label)
-    ax_loss.set(xlabel="epoch", ylabel="cross-entropy", yscale="log", title="loss")
-    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="accuracy")
+        if all(h.get(key) is not None for h in history):
+            ax_acc.plot(epochs, [100 * h[key] for h in history], marker=".", label=label)
+    ax_loss.set(xlabel="epoch", ylabel="loss", yscale="log", title="loss")
+    ax_acc.set(xlabel="epoch", ylabel="metric (%)", title="accuracy, or metric_fn")
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend()

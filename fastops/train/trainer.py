@@ -1,7 +1,9 @@
-"""Trainer: builds data, model, optimizer, schedule and scaler from a TrainConfig and runs the epochs.
+"""Trainer: trains any nn.Module on a Dataset or DataLoader, with the loop's whole story (AMP,
+activation checkpointing, DDP or FSDP2, atomic checkpoints, exact resume, early stopping, records).
 
-Use it as a library (``fastops.train.fit(TrainConfig(...))`` or ``Trainer(cfg).fit()``) or through
-the CLI (``python -m fastops.train``, ``torchrun ... -m fastops.train``).
+Library: ``fastops.train.fit(model, train_data, val_data, epochs=5)``; the bundled job (a convnet of
+fastops blocks on digits) is ``fastops.train.run(TrainConfig(...))``, which the CLI
+(``python -m fastops.train``, ``torchrun ... -m fastops.train``) calls.
 """
 
 from __future__ import annotations
@@ -10,22 +12,47 @@ import contextlib
 import functools
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
 
-from fastops.train import amp, checkpoint, distributed
+from fastops.swap import swap_modules
+from fastops.train import amp, checkpoint, distributed, extras
+from fastops.train.activation_checkpointing import BlockSpec, checkpoint_blocks, find_blocks
 from fastops.train.config import ConfigError, TrainConfig
-from fastops.train.data import build_data, random_translate
-from fastops.train.loop import train_step
+from fastops.train.data import build_data, eval_loader, random_translate, train_loader
+from fastops.train.loop import (
+    Batch,
+    LossFn,
+    MetricFn,
+    accuracy_sum,
+    batch_size_of,
+    cross_entropy_loss,
+    model_inputs,
+    train_step,
+)
 from fastops.train.metrics import EarlyStopping, MetricsWriter, peak_memory_mb, write_json
-from fastops.train.model import build_model
+from fastops.train.model import SeparableBlock, load_model
+
+# What train_data/val_data/test_data may be: a Dataset (we build the loader) or a ready loader.
+TrainData = Dataset | DataLoader | Iterable[Batch]
 
 # Settings a resumed run must share with the run that wrote the checkpoint: they fix the model's
 # shape, the data order and the length of the learning-rate schedule.
-RESUME_INVARIANTS = ("dataset", "image_size", "num_classes", "width", "epochs", "batch_size", "accum_steps")
+RESUME_INVARIANTS = (
+    "model",
+    "dataset",
+    "image_size",
+    "num_classes",
+    "width",
+    "epochs",
+    "batch_size",
+    "accum_steps",
+)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,13 +80,109 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig) -> None:
-        self.cfg = cfg.validate()
+    """Trains ``model`` on ``train_data``; :meth:`fit` runs the epochs and returns the summary.
+
+    Args:
+        model: any nn.Module. With ``config.fastops`` its stock modules are swapped for fastops ones
+            (:func:`fastops.swap_modules`) and it is optimized with FusedAdamW.
+        train_data, val_data, test_data: a map-style Dataset (the DataLoader is built here: a
+            DistributedSampler seeded by ``config.seed``, pinned memory on CUDA, ``num_workers``),
+            or a ready DataLoader (any sized iterable of batches) used as it is (under torchrun,
+            give it a DistributedSampler; set_epoch is called on it each epoch). Batches are
+            ``(inputs, targets, ...)``: the model is called on ``inputs``. val_data picks the best
+            epoch and drives early stopping; test_data is evaluated once, with the best weights.
+        loss_fn: ``loss_fn(outputs, batch)``, the mean loss of the batch; default cross-entropy
+            against ``batch[1]``.
+        metric_fn: ``metric_fn(outputs, batch)``, the metric summed over the batch's samples (higher
+            is better); default the number of correct argmax predictions (accuracy).
+        config: the TrainConfig (default TrainConfig()).
+        blocks: the model's repeated blocks (submodule names, class names or classes, see
+            :func:`fastops.train.activation_checkpointing.find_blocks`): what ``config.checkpointing``
+            recomputes and what ``config.fsdp`` shards one by one. Default ``config.blocks``.
+        batch_transform: applied to every training batch on the device (augmentation drawing from
+            the global RNG, which a resumed run restores).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_data: TrainData,
+        val_data: TrainData | None = None,
+        *,
+        test_data: TrainData | None = None,
+        loss_fn: LossFn | None = None,
+        metric_fn: MetricFn | None = None,
+        config: TrainConfig | None = None,
+        blocks: Sequence[BlockSpec] | None = None,
+        batch_transform: Callable[[Batch], Batch] | None = None,
+    ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"fastops.train: model must be an nn.Module, got {type(model).__name__}")
+        self.cfg = (config or TrainConfig()).validate()
+        self.loss_fn = loss_fn or cross_entropy_loss
+        self.metric_fn = metric_fn or accuracy_sum
+        self.batch_transform = batch_transform
+        self._join_processes()
+        self._find_extras()
+        self._make_loaders(train_data, val_data, test_data)
+        self._prepare_model(model, self.cfg.blocks if blocks is None else blocks)
+        self._make_optimization()
+        self._start_progress()
+        if self.cfg.resume is not None:
+            self.load(self.cfg.resume)
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> Trainer:
+        """The job the CLI runs: cfg.model (default the bundled ConvNet of fastops blocks) on
+        cfg.dataset (digits, synthetic or an ImageFolder directory)."""
+        cfg.validate()
+        info = distributed.setup(cfg.resolved_device())
+        data = build_data(cfg, rank=info.rank, world_size=info.world_size, device=info.device)
+        # Same seed on every rank for the initial weights (DDP would broadcast rank 0's anyway).
+        torch.manual_seed(cfg.seed)
+        model = load_model(
+            cfg.model,
+            in_channels=data.in_channels,
+            num_classes=data.num_classes,
+            image_size=cfg.image_size,
+            width=cfg.width,
+            dropout=cfg.dropout,
+            pretrained=cfg.pretrained,
+        )
+        augment = None
+        if cfg.augment and cfg.dataset == "digits":
+            shift = cfg.image_size / 8  # up to one original pixel
+
+            def augment(batch: Batch) -> Batch:
+                return (random_translate(batch[0], shift), *batch[1:])
+
+        blocks: Sequence[BlockSpec] = cfg.blocks
+        if not blocks and cfg.model == "convnet":
+            blocks = [SeparableBlock]
+        return cls(
+            model,
+            data.train,
+            data.val,
+            test_data=data.test,
+            config=cfg,
+            blocks=blocks,
+            batch_transform=augment,
+        )
+
+    # ---------------------------------------------------------------- setting up, step by step
+    def _join_processes(self) -> None:
+        """Threads, the process group (under torchrun), the device and the run directory."""
+        cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.dist = distributed.setup(cfg.resolved_device())
         self.device = self.dist.device
         self.is_main = self.dist.is_main
+        if cfg.fsdp and not self.dist.enabled:
+            raise ConfigError(
+                "fastops.train: --fsdp shards over the processes of torchrun "
+                "(torchrun --nproc_per_node=N ... --fsdp); this is a single process"
+            )
         self.run_dir = Path(cfg.out_dir)
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -68,51 +191,95 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
             torch.cuda.reset_peak_memory_stats(self.device)  # peak_memory_mb is this run's
 
-        self.data = build_data(cfg, rank=self.dist.rank, world_size=self.dist.world_size, device=self.device)
-        self.steps_per_epoch = len(self.data.train) // cfg.accum_steps
+    def _find_extras(self) -> None:
+        """Which optional records this run can write; each one missing is named once, up front."""
+        notify = self.is_main
+        self.draw_plots = extras.optional("matplotlib", "no curves.png is drawn", "matplotlib", notify=notify)
+        self.tensorboard = extras.optional(
+            "tensorboard", "no TensorBoard events are written", "tensorboard", notify=notify
+        )
+        self.progress_bar = self.cfg.progress and extras.optional(
+            "tqdm", "there is no progress bar", "tqdm", notify=notify and self.cfg.progress
+        )
+
+    def _loader(self, data: TrainData, name: str, *, train: bool) -> Iterable[Batch]:
+        if isinstance(data, Dataset):
+            make = train_loader if train else eval_loader
+            return make(
+                data, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size, device=self.device
+            )
+        if not (isinstance(data, Iterable) and isinstance(data, Sized)):
+            raise TypeError(
+                f"fastops.train: {name} must be a map-style torch.utils.data.Dataset or a DataLoader "
+                f"(a sized iterable of batches), got {type(data).__name__}"
+            )
+        return data
+
+    def _make_loaders(
+        self, train_data: TrainData, val_data: TrainData | None, test_data: TrainData | None
+    ) -> None:
+        cfg = self.cfg
+        self.train_loader = self._loader(train_data, "train_data", train=True)
+        self.val_loader = None if val_data is None else self._loader(val_data, "val_data", train=False)
+        self.test_loader = None if test_data is None else self._loader(test_data, "test_data", train=False)
+        self.steps_per_epoch = len(self.train_loader) // cfg.accum_steps  # type: ignore[arg-type]
         if self.steps_per_epoch < 1:
             raise ConfigError(
                 f"fastops.train: --batch-size {cfg.batch_size} x --accum-steps {cfg.accum_steps} x "
                 f"{self.dist.world_size} process(es) is larger than the training set"
             )
-
-        # Same seed on every rank for the initial weights (DDP would broadcast rank 0's anyway).
-        torch.manual_seed(cfg.seed)
-        module: nn.Module
-        module, self.swap_report = build_model(
-            in_channels=self.data.in_channels,
-            num_classes=self.data.num_classes,
-            image_size=cfg.image_size,
-            width=cfg.width,
-            dropout=cfg.dropout,
-            fastops=cfg.fastops,
-        )
-        module.activation_checkpointing = cfg.checkpointing
-        self.memory_format = torch.channels_last if cfg.use_channels_last() else torch.contiguous_format
-        module = module.to(self.device, memory_format=self.memory_format)  # type: ignore[call-overload]
-        if self.dist.enabled:
-            # BN statistics over the global batch, so N ranks of batch B train like one of N*B.
-            module = distributed.sync_batchnorm(module, self.device)
-        self.module = module  # unwrapped: evaluation, checkpoints
-        model: nn.Module = module
-        if self.dist.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-        if cfg.compile:
-            # DDP first, then compile: TorchDynamo's DDPOptimizer splits the graph at DDP's bucket
-            # boundaries so the all-reduces still overlap with backward (PyTorch's DDP notes).
-            model = torch.compile(model)  # type: ignore[assignment]
-        self.model = model
-        # Dropout and augmentation draw different numbers on each rank.
-        torch.manual_seed(cfg.seed + self.dist.rank)
-
-        self.optimizer = make_optimizer(module, cfg)
         total_steps = cfg.epochs * self.steps_per_epoch
         if total_steps < 4:
             raise ConfigError(
                 f"fastops.train: the run has {total_steps} optimizer step(s); the OneCycle schedule "
                 "needs at least 4 (more --epochs, or a smaller --batch-size / --accum-steps)"
             )
+
+    def _prepare_model(self, module: nn.Module, blocks: Sequence[BlockSpec]) -> None:
+        """Swap in fastops modules, checkpoint the blocks, move to the device, then DDP or FSDP2,
+        then compile. self.module is the model without the DDP/compile wrappers (evaluation,
+        checkpoints); self.model is what the training step calls."""
+        cfg = self.cfg
+        self.swap_report = swap_modules(module) if cfg.fastops else None
+        if cfg.checkpointing and not blocks:
+            raise ConfigError(
+                "fastops.train: --checkpointing needs the model's blocks to recompute: "
+                "fit(..., blocks=[...]) or --blocks NAME ... (submodule or class names)"
+            )
+        try:
+            self.blocks = find_blocks(module, blocks) if blocks else []
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if cfg.checkpointing:
+            checkpoint_blocks(module, blocks)
+        self.memory_format = torch.channels_last if cfg.use_channels_last() else torch.contiguous_format
+        # Weights stay contiguous under FSDP2, which refuses to shard non-contiguous parameters
+        # (the inputs may still be channels_last: convolutions take the mix).
+        weights_format = torch.contiguous_format if cfg.fsdp else self.memory_format
+        module = module.to(self.device, memory_format=weights_format)  # type: ignore[call-overload]
+        if self.dist.enabled:
+            # BN statistics over the global batch, so N ranks of batch B train like one of N*B.
+            module = distributed.sync_batchnorm(module, self.device)
+        model: nn.Module = module
+        if cfg.fsdp:
+            distributed.shard_fsdp2(module, [m for _, m in self.blocks], amp_dtype=amp.dtype(cfg.amp))
+        elif self.dist.enabled:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        if cfg.compile:
+            # DDP first, then compile: TorchDynamo's DDPOptimizer splits the graph at DDP's bucket
+            # boundaries so the all-reduces still overlap with backward (PyTorch's DDP notes).
+            model = torch.compile(model)  # type: ignore[assignment]
+        self.module = module
+        self.model = model
+        # Dropout and augmentation draw different numbers on each rank.
+        torch.manual_seed(cfg.seed + self.dist.rank)
+
+    def _make_optimization(self) -> None:
+        """Optimizer, OneCycle schedule, GradScaler and autocast."""
+        cfg = self.cfg
+        self.optimizer = make_optimizer(self.module, cfg)
+        total_steps = cfg.epochs * self.steps_per_epoch
         # Warm up over a quarter of the run, but over at least two steps (OneCycleLR divides by the
         # length of each phase).
         self.scheduler = torch.optim.lr_scheduler.OneCycleLR(
@@ -123,24 +290,33 @@ class Trainer:
         )
         self.scaler = amp.make_scaler(cfg.amp, self.device)
         self.autocast = functools.partial(amp.autocast, cfg.amp, self.device)
-        self.early = EarlyStopping(cfg.patience)
+
+    def _start_progress(self) -> None:
+        """Counters, early stopping and the NaN flag of a run at its start (load() restores them)."""
+        self.early = EarlyStopping(self.cfg.patience)
         self.epoch = 0  # epochs completed
         self.step = 0  # optimizer steps completed
         self.history: list[dict[str, Any]] = []
         self.best_state: dict[str, Tensor] | None = None
         self.nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         self.last_good: tuple[Path, int] | None = None  # the newest good checkpoint and its epoch
-        if cfg.resume is not None:
-            self.load(cfg.resume)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         # Every rank's RNG state (dropout, augmentation); collective, so all ranks call it.
         rngs = distributed.all_gather_objects(checkpoint.rng_state(self.device), self.dist)
+        if self.cfg.fsdp:
+            # This rank's shards, keyed as in the plain model: torch.distributed.checkpoint's
+            # state_dict API, which knows FSDP2's DTensors.
+            from torch.distributed.checkpoint.state_dict import get_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+        else:
+            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
         return {
             "format": checkpoint.FORMAT_VERSION,
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optimizer_state,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "early_stopping": self.early.state_dict(),
@@ -152,11 +328,18 @@ class Trainer:
         }
 
     def save(self, path: Path, state: dict[str, Any]) -> None:
-        if self.is_main:  # one writer; the others wait at the barrier so nobody reads a half file
+        if self.cfg.fsdp:
+            # Every rank writes its shards (torch.distributed.checkpoint) into a new directory;
+            # then rank 0 atomically replaces ``path``, which names it, so a kill anywhere leaves
+            # the previous pair intact.
+            state = checkpoint.save_sharded(state, path, tag=self.step, is_main=self.is_main)
+        elif self.is_main:  # one writer; the others wait at the barrier so nobody reads a half file
             checkpoint.atomic_save(state, path)
         distributed.barrier(self.dist)
         if path.name == "last.pt":
             self.last_good = (path, self.epoch)
+        if self.cfg.fsdp and self.is_main:
+            checkpoint.remove_stale_shards(path, keep=state["sharded"])
 
     def _save_best(self) -> None:
         """best.pt: the weights (only) of this epoch, the best so far, for evaluation."""
@@ -168,6 +351,16 @@ class Trainer:
 
     def load(self, path: str | Path) -> None:
         ckpt = checkpoint.load(path, map_location=self.device, resumable=True)
+        if ("sharded" in ckpt) != self.cfg.fsdp:
+            raise ConfigError(
+                f"fastops.train: --resume {str(path)!r} was written "
+                f"{'with' if 'sharded' in ckpt else 'without'} --fsdp; resume it the same way"
+            )
+        if self.cfg.fsdp and len(ckpt["rng"]) != self.dist.world_size:
+            raise ConfigError(
+                f"fastops.train: --resume {str(path)!r} holds the shards of {len(ckpt['rng'])} "
+                f"processes, this run has {self.dist.world_size}; resume on the same number"
+            )
         self.last_good = (Path(path), ckpt["epoch"])
         saved = ckpt["config"]
         for key in RESUME_INVARIANTS:
@@ -176,8 +369,20 @@ class Trainer:
                     f"fastops.train: --resume {str(path)!r} was written with {key}={saved.get(key)!r}, "
                     f"this run has {key}={getattr(self.cfg, key)!r}; they must match"
                 )
-        self.module.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.cfg.fsdp:
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model_state, optimizer_state = get_state_dict(self.module, self.optimizer)
+            loaded = checkpoint.load_sharded(path, ckpt, {"model": model_state, "optimizer": optimizer_state})
+            set_state_dict(
+                self.module,
+                self.optimizer,
+                model_state_dict=loaded["model"],
+                optim_state_dict=loaded["optimizer"],
+            )
+        else:
+            self.module.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
         self.scaler.load_state_dict(ckpt["scaler"])
         self.early.load_state_dict(ckpt["early_stopping"])
@@ -211,22 +416,38 @@ class Trainer:
                     f"fastops.train: {str(best)!r} holds epoch {saved_best['epoch']}, but the best "
                     f"epoch of --resume {str(path)!r} is {self.early.best_epoch}; {advice}"
                 )
-            self.best_state = saved_best["model"]
+            if "sharded" in saved_best:
+                # Into copies: the live weights are the resumed epoch's, not the best one's.
+                copies = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+                self.best_state = checkpoint.load_sharded(best, saved_best, {"model": copies})["model"]
+            else:
+                self.best_state = saved_best["model"]
 
     # ---------------------------------------------------------------- the epochs
-    def _batches(self, loader) -> Any:
+    def _to_device(self, batch: Batch) -> Batch:
+        """The batch's tensors on the device; images (4-D floating tensors) in the model's memory format."""
+        model_inputs(batch)  # a clear error for a batch that is not (inputs, targets, ...)
+
+        def move(t: Any) -> Any:
+            if not isinstance(t, Tensor):
+                return t
+            # non_blocking: with pinned host memory the copy is asynchronous to the host.
+            if t.dim() == 4 and t.is_floating_point():
+                return t.to(self.device, non_blocking=True, memory_format=self.memory_format)
+            return t.to(self.device, non_blocking=True)
+
+        return type(batch)(move(t) for t in batch) if isinstance(batch, tuple) else [move(t) for t in batch]
+
+    def _batches(self, loader: Iterable[Batch]) -> Iterator[list[Batch]]:
         """Micro-batch groups of one optimizer step, on the device, augmented."""
         it = iter(loader)
         for _ in range(self.steps_per_epoch):
             group = []
             for _ in range(self.cfg.accum_steps):
-                x, y = next(it)
-                # non_blocking: with pinned host memory the copy is asynchronous to the host.
-                x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
-                y = y.to(self.device, non_blocking=True)
-                if self.cfg.augment and self.cfg.dataset == "digits":
-                    x = random_translate(x, self.cfg.image_size / 8)  # up to one original pixel
-                group.append((x, y))
+                batch = self._to_device(next(it))
+                if self.batch_transform is not None:
+                    batch = self.batch_transform(batch)
+                group.append(batch)
             yield group
 
     def _kept(self) -> str:
@@ -260,14 +481,16 @@ class Trainer:
     def train_epoch(self) -> dict[str, float]:
         cfg = self.cfg
         self.model.train()
-        loader = self.data.train
-        sampler = getattr(loader, "sampler", loader)
+        loader = self.train_loader
         # The DistributedSampler's shuffle is seeded by seed + epoch: a new order each epoch that
         # is the same on every rank and in a resumed run.
-        sampler.set_epoch(self.epoch)  # type: ignore[union-attr]
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, samples
+        for owner in (getattr(loader, "sampler", None), loader):
+            if hasattr(owner, "set_epoch"):
+                owner.set_epoch(self.epoch)  # type: ignore[union-attr]
+                break
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, metric, samples
         bar = _progress(
-            self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and cfg.progress
+            self.steps_per_epoch, f"epoch {self.epoch + 1}/{cfg.epochs}", self.is_main and self.progress_bar
         )
         profiler = self._profiler() if cfg.profile and self.epoch == 0 else contextlib.nullcontext()
         start = time.perf_counter()
@@ -279,6 +502,8 @@ class Trainer:
                     optimizer=self.optimizer,
                     scaler=self.scaler,
                     autocast=self.autocast,
+                    loss_fn=self.loss_fn,
+                    metric_fn=self.metric_fn,
                     grad_clip=cfg.grad_clip,
                 )
                 # OneCycleLR is defined per optimizer step, so it steps after every optimizer step.
@@ -286,8 +511,8 @@ class Trainer:
                 self.step += 1
                 self.nonfinite |= ~torch.isfinite(result.loss)
                 sums[0] += result.loss
-                sums[1] += result.correct
-                sums[2] += sum(len(y) for _, y in group)
+                sums[1] += result.metric
+                sums[2] += sum(batch_size_of(b) for b in group)
                 if prof is not None:
                     prof.step()
                 if (i + 1) % cfg.log_every == 0 or i + 1 == self.steps_per_epoch:
@@ -313,23 +538,27 @@ class Trainer:
         }
 
     @torch.no_grad()
-    def evaluate(self, loader) -> dict[str, float]:
-        """Loss and accuracy over this rank's shard, summed over ranks. Runs the unwrapped module:
+    def evaluate(self, loader: Iterable[Batch]) -> dict[str, float]:
+        """Loss and metric over this rank's shard, summed over ranks. Runs the unwrapped module:
         DDP's forward would broadcast buffers, a collective that ranks with unequal shards would
-        call a different number of times."""
+        call a different number of times. An FSDP2 module all-gathers its parameters in every
+        forward, so there each rank runs as many forwards as the rank with the most batches."""
         self.module.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for x, y in loader:
-            x = x.to(self.device, non_blocking=True, memory_format=self.memory_format)
-            y = y.to(self.device, non_blocking=True)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, metric, samples
+        batches: Iterable[Batch] = loader
+        if self.cfg.fsdp:
+            batches = distributed.padded_batches(loader, self.dist)
+        for raw, weight in _weighted(batches):
+            batch = self._to_device(raw)
             with self.autocast():
-                logits = self.module(x)
-            sums[0] += nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            sums[1] += (logits.argmax(1) == y).sum()
-            sums[2] += len(y)
+                outputs = self.module(model_inputs(batch))
+            n = batch_size_of(batch)
+            sums[0] += weight * self.loss_fn(outputs, batch).double() * n
+            sums[1] += weight * self.metric_fn(outputs, batch)
+            sums[2] += weight * n
         distributed.all_reduce_sum(sums, self.dist)
-        loss, correct, samples = sums.tolist()
-        return {"loss": loss / max(samples, 1), "accuracy": correct / max(samples, 1)}
+        loss, metric, samples = sums.tolist()
+        return {"loss": loss / max(samples, 1), "accuracy": metric / max(samples, 1)}
 
     def _profiler(self) -> Any:
         from torch.profiler import ProfilerActivity, profile, schedule
@@ -353,7 +582,11 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train from self.epoch to cfg.epochs (or early stop / --stop-after-epoch); return the summary."""
         cfg = self.cfg
-        metrics = MetricsWriter(self.run_dir, self.history, step=self.step) if self.is_main else None
+        metrics = (
+            MetricsWriter(self.run_dir, self.history, step=self.step, tensorboard=self.tensorboard)
+            if self.is_main
+            else None
+        )
         started_at = self.epoch
         stopped = "completed"
         wall = time.perf_counter()
@@ -366,22 +599,32 @@ class Trainer:
                     stopped = "stop_after_epoch"
                     break
                 train = self.train_epoch()
-                val = self.evaluate(self.data.val)
+                # Without validation data the training numbers stand in: the newest weights are
+                # then the best unless the training metric fell.
+                val = (
+                    self.evaluate(self.val_loader)
+                    if self.val_loader is not None
+                    else {"loss": train["train_loss"], "accuracy": train["train_accuracy"]}
+                )
                 self.epoch += 1
                 row = {
                     "epoch": self.epoch,
                     "step": self.step,
                     "lr": self.scheduler.get_last_lr()[0],
                     **train,
-                    "val_loss": val["loss"],
-                    "val_accuracy": val["accuracy"],
+                    "val_loss": val["loss"] if self.val_loader is not None else None,
+                    "val_accuracy": val["accuracy"] if self.val_loader is not None else None,
                 }
                 self.history.append(row)
                 if metrics is not None:
                     metrics.write(row)
-                    print(
-                        f"epoch {self.epoch:3d}  loss {row['train_loss']:.4f}  "
+                    held_out = (
                         f"val loss {val['loss']:.4f}  val acc {100 * val['accuracy']:6.2f}%  "
+                        if self.val_loader is not None
+                        else f"train acc {100 * train['train_accuracy']:6.2f}%  "
+                    )
+                    print(
+                        f"epoch {self.epoch:3d}  loss {row['train_loss']:.4f}  {held_out}"
                         f"{train['samples_per_s']:8.1f} samples/s"
                     )
                 # No checkpoint from non-finite weights or optimizer state. Nothing can skip them:
@@ -425,18 +668,18 @@ class Trainer:
         test = None
         if (
             stopped in ("completed", "early_stopping")
-            and self.data.test is not None
+            and self.test_loader is not None
             and self.best_state is not None
         ):
             self.module.load_state_dict(self.best_state)  # the held-out number is the best epoch's
-            test = self.evaluate(self.data.test)["accuracy"]
+            test = self.evaluate(self.test_loader)["accuracy"]
         # Throughput without the first epoch of this invocation (warm-up, torch.compile) when possible.
         timed = self.history[started_at:]
         timed = timed[1:] if len(timed) > 1 else timed
         samples = sum(h["samples_per_s"] * h["epoch_time_s"] for h in timed)
         seconds = sum(h["epoch_time_s"] for h in timed)
         summary = {
-            "val_accuracy": self.early.best if self.history else None,
+            "val_accuracy": self.early.best if self.history and self.val_loader is not None else None,
             "best_epoch": self.early.best_epoch,
             "final_val_accuracy": self.history[-1]["val_accuracy"] if self.history else None,
             "test_accuracy": test,
@@ -456,7 +699,7 @@ class Trainer:
         }
         if self.is_main:
             write_json(self.run_dir / "summary.json", summary)
-            if self.history:
+            if self.history and self.draw_plots:
                 from fastops.train.plots import plot_curves
 
                 plot_curves(self.history, self.run_dir / "curves.png", "fastops" if cfg.fastops else "stock")
@@ -466,19 +709,61 @@ class Trainer:
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
         return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
+    from tqdm.auto import tqdm
+
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
-def fit(cfg: TrainConfig | None = None, **overrides: Any) -> dict[str, Any]:
-    """Train with ``cfg`` (default TrainConfig()) updated by ``overrides``; returns the summary dict.
+def _weighted(batches: Iterable[Any]) -> Iterator[tuple[Batch, float]]:
+    """(batch, weight) pairs; a plain loader's batches all weigh 1."""
+    for item in batches:
+        yield item if isinstance(item, distributed.Weighted) else (item, 1.0)
 
-    Example: ``fastops.train.fit(epochs=5, amp="bf16", out_dir="runs/x")``.
-    """
-    cfg = (cfg or TrainConfig()).replace(**overrides)
+
+def _configured(config: TrainConfig | None, overrides: dict[str, Any]) -> TrainConfig:
+    cfg = (config or TrainConfig()).replace(**overrides)
     if "out_dir" in overrides:
         cfg.out_dir = Path(cfg.out_dir)
-    return Trainer(cfg).fit()
+    return cfg
+
+
+def fit(
+    model: nn.Module,
+    train_data: TrainData,
+    val_data: TrainData | None = None,
+    *,
+    test_data: TrainData | None = None,
+    loss_fn: LossFn | None = None,
+    metric_fn: MetricFn | None = None,
+    config: TrainConfig | None = None,
+    blocks: Sequence[BlockSpec] | None = None,
+    batch_transform: Callable[[Batch], Batch] | None = None,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Train your ``model`` on your data; returns the summary (also written to summary.json).
+
+    Arguments as for :class:`Trainer`; ``overrides`` update ``config`` (default TrainConfig()).
+    Example::
+
+        model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 10))
+        fit(model, TensorDataset(x, y), TensorDataset(xv, yv), epochs=5, amp="bf16", out_dir="runs/mlp")
+    """
+    cfg = _configured(config, overrides)
+    trainer = Trainer(
+        model,
+        train_data,
+        val_data,
+        test_data=test_data,
+        loss_fn=loss_fn,
+        metric_fn=metric_fn,
+        config=cfg,
+        blocks=blocks,
+        batch_transform=batch_transform,
+    )
+    return trainer.fit()
+
+
+def run(config: TrainConfig | None = None, **overrides: Any) -> dict[str, Any]:
+    """The bundled job (what the CLI runs): ``config`` (default TrainConfig()) updated by
+    ``overrides``; returns the summary. Example: ``run(epochs=5, amp="bf16", out_dir="runs/x")``."""
+    return Trainer.from_config(_configured(config, overrides)).fit()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastops.train import NonFiniteLossError, Trainer, checkpoint, fit
+from fastops.train import NonFiniteLossError, Trainer, checkpoint, run
 from fastops.train.cli import main
 from fastops.train.model import build_model
 from tests.train.common import killed_before, tiny_config
@@ -83,10 +83,10 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path) -> None:
     # The main job's path (fastops modules, FusedAdamW), with dropout and augmentation on: the RNG
     # state must travel in the checkpoint too.
     cfg = tiny_config(tmp_path / "full", epochs=3, dropout=0.2, augment=True)
-    full = fit(cfg)
-    first = fit(cfg.replace(out_dir=tmp_path / "split", stop_after_epoch=1))
+    full = run(cfg)
+    first = run(cfg.replace(out_dir=tmp_path / "split", stop_after_epoch=1))
     assert first["epochs"] == 1 and first["stopped"] == "stop_after_epoch"
-    resumed = fit(cfg.replace(out_dir=tmp_path / "split", resume=tmp_path / "split" / "last.pt"))
+    resumed = run(cfg.replace(out_dir=tmp_path / "split", resume=tmp_path / "split" / "last.pt"))
     assert resumed["epochs"] == 3 and resumed["stopped"] == "completed"
 
     a = checkpoint.load(tmp_path / "full" / "last.pt")
@@ -109,13 +109,13 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(tmp_path) -> None:
 
 def test_resume_with_a_different_schedule_is_refused(tmp_path) -> None:
     cfg = tiny_config(tmp_path, fastops=False, epochs=2, stop_after_epoch=1)
-    fit(cfg)
+    run(cfg)
     with pytest.raises(ValueError, match="epochs=2"):
-        Trainer(cfg.replace(epochs=5, resume=tmp_path / "last.pt", stop_after_epoch=None))
+        Trainer.from_config(cfg.replace(epochs=5, resume=tmp_path / "last.pt", stop_after_epoch=None))
 
 
 def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:
-    trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=3, log_every=5))
+    trainer = Trainer.from_config(tiny_config(tmp_path, fastops=False, epochs=3, log_every=5))
     steps = trainer.steps_per_epoch
     calls = [0]
 
@@ -140,7 +140,7 @@ def test_nonfinite_loss_stops_and_keeps_last_good_checkpoint(tmp_path) -> None:
 def run_dir(tmp_path_factory):
     """A finished tiny run: a good last.pt and best.pt."""
     out = tmp_path_factory.mktemp("run")
-    fit(tiny_config(out, fastops=False, epochs=1))
+    run(tiny_config(out, fastops=False, epochs=1))
     return out
 
 
@@ -213,11 +213,11 @@ def test_resume_beside_a_damaged_or_foreign_best_pt_names_it(run_dir, tmp_path) 
     cfg = tiny_config(tmp_path, fastops=False, epochs=1, resume=tmp_path / "last.pt")
     (tmp_path / "best.pt").write_bytes((run_dir / "best.pt").read_bytes()[:100])
     with pytest.raises(checkpoint.CheckpointError, match=r"best\.pt' is damaged .* move it away"):
-        Trainer(cfg)
+        Trainer.from_config(cfg)
     best = torch.load(run_dir / "best.pt", weights_only=True)
     checkpoint.atomic_save({**best, "epoch": 2}, tmp_path / "best.pt")  # not the checkpoint's best
     with pytest.raises(checkpoint.CheckpointError, match=r"holds epoch 2, but the best epoch .* is 1"):
-        Trainer(cfg)
+        Trainer.from_config(cfg)
 
 
 def test_a_kill_between_last_pt_and_best_pt_is_repaired_on_resume(tmp_path, monkeypatch) -> None:
@@ -225,12 +225,12 @@ def test_a_kill_between_last_pt_and_best_pt_is_repaired_on_resume(tmp_path, monk
     with monkeypatch.context() as m:
         m.setattr(Trainer, "save", killed_before("best.pt", 2))
         with pytest.raises(KeyboardInterrupt):
-            fit(cfg)
+            run(cfg)
     last = checkpoint.load(tmp_path / "last.pt")
     assert last["epoch"] == 2 and last["early_stopping"]["best_epoch"] == 2  # epoch 2 was the best
     assert checkpoint.load(tmp_path / "best.pt")["epoch"] == 1  # and best.pt was not yet written
 
-    trainer = Trainer(cfg.replace(resume=tmp_path / "last.pt"))
+    trainer = Trainer.from_config(cfg.replace(resume=tmp_path / "last.pt"))
     best = checkpoint.load(tmp_path / "best.pt")
     assert best["epoch"] == 2
     for key, value in last["model"].items():
@@ -257,7 +257,7 @@ def _finite(state: dict) -> bool:
 def test_a_nan_gradient_with_a_finite_loss_never_reaches_a_checkpoint(
     tmp_path, monkeypatch, use_fastops
 ) -> None:
-    trainer = Trainer(tiny_config(tmp_path, fastops=use_fastops, epochs=3))
+    trainer = Trainer.from_config(tiny_config(tmp_path, fastops=use_fastops, epochs=3))
     steps = trainer.steps_per_epoch
     backwards = [0]
 
@@ -286,7 +286,7 @@ def test_a_nan_gradient_with_a_finite_loss_never_reaches_a_checkpoint(
 def test_a_nonfinite_validation_loss_counts_as_nonfinite_training(
     tmp_path, monkeypatch, capsys, nonfinite: str
 ) -> None:
-    trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=3))
+    trainer = Trainer.from_config(tiny_config(tmp_path, fastops=False, epochs=3))
     # After validation: --nonfinite skip needs --amp fp16 and so CUDA, but the branch is host code.
     trainer.cfg = trainer.cfg.replace(nonfinite=nonfinite)
 
@@ -313,7 +313,7 @@ def test_a_nonfinite_validation_loss_counts_as_nonfinite_training(
 
 def test_nonfinite_loss_before_any_checkpoint_says_none_is_kept(tmp_path) -> None:
     (tmp_path / "last.pt").write_bytes(b"a file of an earlier run, which is not this run's to keep")
-    trainer = Trainer(tiny_config(tmp_path, fastops=False, epochs=2))
+    trainer = Trainer.from_config(tiny_config(tmp_path, fastops=False, epochs=2))
     trainer.module.head.register_forward_hook(lambda module, inputs, output: output * float("nan"))
     with pytest.raises(
         NonFiniteLossError, match="epoch 1\\); the run is stopped and no checkpoint had been written yet"

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from fastops.train import TrainConfig, fit
+from fastops.train import TrainConfig, run
 from fastops.train.cli import build_parser, main
 from fastops.train.config import NUMBERS, ConfigError
 
@@ -123,11 +123,11 @@ def test_every_numeric_setting_is_checked_alike_by_the_cli_and_the_library(tmp_p
         ):
             TrainConfig(**{name: spec.kind(bad)}).validate()
     with pytest.raises(ConfigError, match="--lr must be a finite number > 0, got inf"):
-        fit(TrainConfig(lr=float("inf"), out_dir=tmp_path / "run"))
+        run(TrainConfig(lr=float("inf"), out_dir=tmp_path / "run"))
     with pytest.raises(ConfigError, match="--seed must be an integer in"):
-        fit(TrainConfig(seed=10**20, out_dir=tmp_path / "run"))
+        run(TrainConfig(seed=10**20, out_dir=tmp_path / "run"))
     with pytest.raises(ConfigError, match="--epochs must be an integer >= 1, got 2.0"):
-        fit(TrainConfig(epochs=2.0, out_dir=tmp_path / "run"))  # type: ignore[arg-type]
+        run(TrainConfig(epochs=2.0, out_dir=tmp_path / "run"))  # type: ignore[arg-type]
     assert not (tmp_path / "run").exists()
 
 
@@ -139,7 +139,9 @@ def test_help_lists_the_main_options(capsys) -> None:
     for flag in (
         "--baseline",
         "--compare",
-        "--synthetic",
+        "--data",
+        "--model",
+        "--fsdp",
         "--amp",
         "--checkpointing",
         "--resume",
@@ -149,9 +151,106 @@ def test_help_lists_the_main_options(capsys) -> None:
 
 
 def test_synthetic_throughput_mode_runs(tmp_path) -> None:
-    argv = ["--synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
+    argv = ["--data", "synthetic", "--image-size", "72", "--batch-size", "4", "--synthetic-samples", "16"]
     argv += ["--epochs", "1", "--width", "8", "--no-progress", "--device", "cpu", "--out-dir", str(tmp_path)]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["config"]["dataset"] == "synthetic" and summary["config"]["image_size"] == 72
     assert summary["steps"] == 4 and summary["test_accuracy"] is None
+
+
+def test_the_parser_is_generated_from_the_config_with_each_default_shown_once() -> None:
+    parser = build_parser()
+    options = {a.dest: a for a in parser._actions}
+    for f in dataclasses.fields(TrainConfig):
+        assert f.name in options, f"TrainConfig.{f.name} has no option"
+        help_text = options[f.name].help or ""
+        assert help_text.startswith(f.metadata["help"]), f.name
+        assert help_text.count("(default") <= 1, help_text
+    given = parser.parse_args(["--data", "synthetic", "--blocks", "layer1", "Bottleneck", "--no-fastops"])
+    from fastops.train.cli import config_from_args
+
+    cfg = config_from_args(given)
+    assert (cfg.dataset, cfg.image_size, cfg.epochs) == ("synthetic", 224, 3)
+    assert cfg.blocks == ("layer1", "Bottleneck") and cfg.fastops is False
+    assert config_from_args(parser.parse_args([])) == TrainConfig()
+
+
+def test_a_users_factory_trains_from_the_command_line(tmp_path, capsys) -> None:
+    argv = [*TINY, "--epochs", "2", "--model", "tests.train.user_models:small_mlp", "--blocks", "1", "2"]
+    assert main([*argv, "--checkpointing", "--patience", "0", "--out-dir", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["config"]["model"] == "tests.train.user_models:small_mlp"
+    assert summary["swapped"]["nn.Linear -> fastops.nn.LinearGELU"] == 2
+    assert summary["val_accuracy"] > 0.5  # ten digit classes: it learned
+    saved = torch.load(tmp_path / "last.pt", weights_only=True)["model"]
+    assert "1.0.weight" in saved and "3.bias" in saved  # the factory's own state_dict keys
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("tests.train.no_such_module:f", "cannot import 'tests.train.no_such_module'"),
+        ("tests.train.user_models:missing", "'tests.train.user_models' has no callable 'missing'"),
+        ("tests.train.user_models:NOT_A_FACTORY", "has no callable 'NOT_A_FACTORY'"),
+        ("resnet18", "--model must be convnet, timm:NAME, torchvision:NAME or package.module:factory"),
+    ],
+)
+def test_a_bad_model_spec_is_named_before_training(model: str, message: str, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "--model", model, "--out-dir", str(tmp_path / "run")])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_blocks_that_name_nothing_are_an_error(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(
+            [
+                *TINY,
+                "--model",
+                "tests.train.user_models:small_mlp",
+                "--blocks",
+                "layer1",
+                "--out-dir",
+                str(tmp_path),
+            ]
+        )
+    assert "'layer1' names no submodule of Sequential" in capsys.readouterr().err
+
+
+def _image_folder(root, classes: int = 2, per_class: int = 6) -> None:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            (root / split / f"class{c}").mkdir(parents=True)
+            for i in range(per_class):
+                # Each class its own colour, plus noise: learnable in a few steps.
+                pixels = (torch.rand(12, 12, 3, generator=g) * 64 + 160 * c).clamp(0, 255).to(torch.uint8)
+                Image.fromarray(pixels.numpy()).save(root / split / f"class{c}" / f"{i}.png")
+
+
+@pytest.mark.parametrize("model", ["torchvision:resnet18", "timm:resnet18"])
+def test_an_image_folder_trains_a_library_model(model: str, tmp_path) -> None:
+    pytest.importorskip("torchvision")
+    pytest.importorskip(model.split(":")[0])
+    _image_folder(tmp_path / "images")
+    argv = ["--data", str(tmp_path / "images"), "--model", model, "--image-size", "16", "--batch-size", "4"]
+    argv += [
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--blocks",
+        "layer1",
+        "layer2",
+        "--checkpointing",
+    ]
+    assert main([*argv, "--out-dir", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 * 12 // 4 and summary["test_accuracy"] is None
+    assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]["fc.weight"].shape[0] == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastops.train import checkpoint, fit
+from fastops.train import checkpoint, run
 from tests.train.common import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,22 +25,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(args: list[str], timeout: float = 300.0) -> subprocess.CompletedProcess:
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         OMP_NUM_THREADS="1",  # two ranks on a 2-core machine
         MASTER_ADDR="127.0.0.1",
         PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
     )
+    return env
+
+
+def _check(proc: subprocess.CompletedProcess | subprocess.Popen, stdout: str, stderr: str) -> None:
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-5000:]}"
+
+
+def _torchrun(args: list[str], timeout: float = 300.0, *, module: bool = True) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-        "-m", "fastops.train", *args,
+        *(["-m", "fastops.train"] if module else []), *args,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
-        f"torchrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    )
+    proc = subprocess.run(cmd, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    _check(proc, proc.stdout, proc.stderr)
     return proc
 
 
@@ -53,7 +59,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fas
     proc = _torchrun([*common, "--batch-size", "16", "--out-dir", str(tmp_path / "ddp")])
     assert proc.stdout.count("epoch   1") == 1  # rank 0 logs, rank 1 does not
 
-    single = fit(
+    single = run(
         tiny_config(
             tmp_path / "single", fastops=use_fastops, epochs=1, batch_size=32, dropout=0.0, augment=False,
             patience=0, log_every=7,
@@ -71,3 +77,58 @@ def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fas
         torch.testing.assert_close(a["model"][key], value, rtol=2e-4, atol=2e-5, msg=key)
     assert abs(a["history"][0]["train_loss"] - b["history"][0]["train_loss"]) < 1e-4
     assert abs(ddp_summary["val_accuracy"] - single["val_accuracy"]) <= 1 / 180 + 1e-9
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_users_model_under_ddp_and_fsdp2_resumes_exactly(tmp_path, mode: str) -> None:
+    """fit() with a Dataset under torchrun: 2 gloo ranks, uninterrupted vs stopped and resumed in the
+    same processes. FSDP2 checkpoints are sharded (torch.distributed.checkpoint) and load into a
+    single process for evaluation."""
+    from tests.train.test_fit import _model
+
+    _torchrun([str(REPO / "tests" / "train" / "dist_runs.py"), mode, str(tmp_path)], module=False)
+    weights = {}
+    for name in ("full", "split"):
+        ckpt = checkpoint.load(tmp_path / name / "last.pt", resumable=True)
+        assert ckpt["epoch"] == 2 and len(ckpt["rng"]) == 2
+        assert ("sharded" in ckpt) == (mode == "fsdp")
+        model = _model(seed=9)
+        checkpoint.load_weights(tmp_path / name / "last.pt", model)  # one process, no process group
+        weights[name] = model.state_dict()
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["epochs"] == 2
+    for key, value in weights["full"].items():
+        assert torch.equal(weights["split"][key], value), key
+    bundled = json.loads((tmp_path / "bundled" / "summary.json").read_text())
+    assert bundled["amp"] == "bf16" and bundled["val_accuracy"] is not None
+    if mode == "fsdp":  # superseded shard directories are removed
+        assert sorted(p.name for p in (tmp_path / "split").glob("last.dcp.*")) == ["last.dcp.12"]
+
+
+def test_two_nodes_of_one_process_each_over_c10d_rendezvous(tmp_path) -> None:
+    """Multi-node as documented: torchrun --nnodes=2 --rdzv-backend=c10d, one process per "node",
+    both on 127.0.0.1."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    args = ["--epochs", "1", "--image-size", "8", "--width", "8", "--no-progress", "--device", "cpu"]
+    nodes = []
+    for node_rank in (0, 1):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes=2", "--nproc_per_node=1", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", "--rdzv-id=fastops-test",
+            "-m", "fastops.train", *args, "--out-dir", str(tmp_path),
+        ]  # fmt: skip
+        nodes.append(
+            subprocess.Popen(
+                cmd, env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for node in nodes:
+        try:
+            out, err = node.communicate(timeout=240)
+        finally:
+            if node.poll() is None:
+                node.kill()
+        _check(node, out, err)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["epochs"] == 1

@@ -14,7 +14,8 @@ from torch import nn
 
 import fastops
 from fastops.train import amp, train_step
-from fastops.train.model import ConvNet
+from fastops.train.activation_checkpointing import checkpoint_blocks, find_blocks
+from fastops.train.model import ConvNet, SeparableBlock
 from fastops.train.trainer import make_optimizer
 from tests.train.common import tiny_config
 
@@ -67,7 +68,7 @@ def test_no_sync_accumulation_equals_one_large_batch(tmp_path) -> None:
     assert len(reductions) == len(set(reductions)) >= 1
     ref_loss = nn.functional.cross_entropy(copy.deepcopy(ref).eval()(x), y)  # only to check the type
     assert result.loss.shape == ref_loss.shape
-    assert int(result.correct) <= 48
+    assert int(result.metric) <= 48
     for p, q in zip(ddp.module.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
@@ -135,9 +136,9 @@ def test_activation_checkpointing_equal_grads_and_bn_stats(use_fastops: bool) ->
     if use_fastops:
         fastops.swap_modules(plain)
     ckpt = copy.deepcopy(plain)
-    ckpt.activation_checkpointing = True
+    assert checkpoint_blocks(ckpt, [SeparableBlock]) == [f"blocks.{i}" for i in range(len(ckpt.blocks))]
     calls = []
-    ckpt.blocks[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    ckpt.blocks[0].dw.register_forward_pre_hook(lambda *a: calls.append(1))
     x, y = torch.randn(6, 1, 16, 16), torch.randint(0, 10, (6,))
     grads = {}
     for name, model in (("plain", plain), ("ckpt", ckpt)):
@@ -150,6 +151,7 @@ def test_activation_checkpointing_equal_grads_and_bn_stats(use_fastops: bool) ->
     # BatchNorm folded the batch into its running stats exactly once.
     for (n, b), c in zip(plain.named_buffers(), ckpt.buffers(), strict=True):
         torch.testing.assert_close(c, b, msg=n, rtol=0, atol=0)
+    assert list(ckpt.state_dict()) == list(plain.state_dict())  # checkpoints stay interchangeable
 
 
 def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None:
@@ -182,3 +184,15 @@ def test_same_seed_with_and_without_swap_gives_matching_losses(tmp_path) -> None
         losses[use_fastops] = torch.tensor(run)
     assert losses[False][-5:].mean() < 0.6 * losses[False][:5].mean()  # it does learn
     torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
+
+
+def test_blocks_are_found_by_name_class_name_or_class_outermost_only() -> None:
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.GELU()), nn.Sequential(nn.Linear(2, 2)))
+    assert [n for n, _ in find_blocks(model, ["1", "0"])] == ["0", "1"]
+    assert [n for n, _ in find_blocks(model, ["Sequential"])] == ["0", "1"]  # not the root
+    assert [n for n, _ in find_blocks(model, [nn.Sequential, nn.Linear])] == ["0", "1"]
+    assert [n for n, _ in find_blocks(model, ["Linear"])] == ["0.0", "1.0"]
+    with pytest.raises(ValueError, match="'layer9' names no submodule of Sequential"):
+        find_blocks(model, ["layer9"])
+    with pytest.raises(ValueError, match="blocks must be a non-empty list"):
+        find_blocks(model, "0")

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from fastops.train import Trainer, checkpoint, fit
+from fastops.train import Trainer, checkpoint, run
 from fastops.train.metrics import MetricsWriter
 from tests.train.common import killed_before, tiny_config
 
@@ -20,7 +20,7 @@ def _csv_rows(path) -> list[dict[str, str]]:
 
 def test_metrics_csv_has_one_row_per_epoch_after_kills_and_resumes(tmp_path, monkeypatch) -> None:
     cfg = tiny_config(tmp_path, fastops=False, epochs=3)
-    fit(cfg.replace(stop_after_epoch=1))
+    run(cfg.replace(stop_after_epoch=1))
     resume = cfg.replace(resume=tmp_path / "last.pt")
 
     # Killed twice between epoch 2's metrics row and its last.pt: each resume runs epoch 2 again.
@@ -28,12 +28,12 @@ def test_metrics_csv_has_one_row_per_epoch_after_kills_and_resumes(tmp_path, mon
         m.setattr(Trainer, "save", killed_before("last.pt", 2))
         for _ in range(2):
             with pytest.raises(KeyboardInterrupt):
-                fit(resume)
+                run(resume)
     # And once more in the middle of writing a row: half a line, no newline.
     with open(tmp_path / "metrics.csv", "a") as f:
         f.write("2,38,0.00")
 
-    fit(resume)
+    run(resume)
     rows = _csv_rows(tmp_path / "metrics.csv")
     assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
     history = checkpoint.load(tmp_path / "last.pt")["history"]
@@ -41,7 +41,7 @@ def test_metrics_csv_has_one_row_per_epoch_after_kills_and_resumes(tmp_path, mon
         assert float(row["val_loss"]) == h["val_loss"] and int(row["step"]) == h["step"]
 
     # A run resumed into another directory starts its metrics.csv with the checkpoint's rows.
-    fit(resume.replace(out_dir=tmp_path / "moved"))
+    run(resume.replace(out_dir=tmp_path / "moved"))
     assert _csv_rows(tmp_path / "moved" / "metrics.csv") == rows
 
 

@@ -1,0 +1,46 @@
+"""Run under torchrun by tests/train/test_ddp.py: ``torchrun ... tests/train/dist_runs.py ddp|fsdp OUT``.
+
+Trains a user's model (defined in tests/train/test_fit.py) through fit() three times in the same
+processes: uninterrupted (OUT/full), stopped after epoch 1 (OUT/split), and resumed from there. The
+test compares OUT/full/last.pt with OUT/split/last.pt.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from fastops.train import TrainConfig, distributed, fit, run
+from tests.train.test_fit import _blobs, _model
+
+
+def main(mode: str, out: Path) -> None:
+    cfg = TrainConfig(
+        epochs=2,
+        batch_size=8,
+        device="cpu",
+        progress=False,
+        patience=0,
+        log_every=3,
+        fsdp=mode == "fsdp",
+        blocks=("stage1", "stage2"),
+        checkpointing=mode == "fsdp",  # recomputation inside FSDP2's sharded blocks
+        out_dir=out / "full",
+    )
+    data = dict(train_data=_blobs(96, 1), val_data=_blobs(30, 2))  # 30: unequal shards over 2 ranks
+    fit(_model(), **data, config=cfg)
+    fit(_model(), **data, config=cfg, out_dir=out / "split", stop_after_epoch=1)
+    torch.manual_seed(123)  # the resumed run restores every RNG from the checkpoint
+    fit(_model(seed=5), **data, config=cfg, out_dir=out / "split", resume=out / "split" / "last.pt")
+    # The bundled convnet (BatchNorm) under AMP: bf16 all-gathers, fp32 BatchNorm. Stock modules:
+    # fastops' depthwise conv checks dtypes before autocast casts its weight (bf16 fails on main too).
+    tiny = dict(dataset="synthetic", synthetic_samples=64, image_size=8, width=8, batch_size=16)
+    tiny |= dict(epochs=1, amp="bf16", fastops=False, out_dir=out / "bundled")
+    run(cfg.replace(blocks=(), checkpointing=False, **tiny))  # type: ignore[arg-type]
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
