@@ -1,8 +1,19 @@
 """nn.Module wrappers of the fastops ops; each module file also registers its swap rule."""
 
 from fastops.nn.clipped_log import ClippedLog
-from fastops.nn.depthwise_conv2d import DepthwiseConv2d
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d, DepthwiseConv2dSame, register_same_padding_conv2d
 from fastops.nn.depthwise_separable_conv2d import DepthwiseSeparableConv2d
-from fastops.nn.gelu import GELU, BiasGELU, LinearGELU
+from fastops.nn.gelu import GELU, BiasGELU, LinearGELU, LinearGELUMlp, register_gelu_module
 
-__all__ = ["BiasGELU", "ClippedLog", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "GELU", "LinearGELU"]
+__all__ = [
+    "BiasGELU",
+    "ClippedLog",
+    "DepthwiseConv2d",
+    "DepthwiseConv2dSame",
+    "DepthwiseSeparableConv2d",
+    "GELU",
+    "LinearGELU",
+    "LinearGELUMlp",
+    "register_gelu_module",
+    "register_same_padding_conv2d",
+]

@@ -25,7 +25,7 @@ def depthwise_conv2d(
     weight: Tensor,
     bias: Tensor | None = None,
     stride: IntPair = 1,
-    padding: IntPair | str = 0,
+    padding: IntPair | tuple[int, int, int, int] | str = 0,
     dilation: IntPair = 1,
 ) -> Tensor:
     """Depthwise 2-D convolution: ``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)``.
@@ -39,7 +39,9 @@ def depthwise_conv2d(
             weight with m > 1 is rejected). Any kernel size.
         bias: None or (C,).
         stride, dilation: int or (h, w) pair, >= 1.
-        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1).
+        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1),
+            or four ints (top, bottom, left, right) for asymmetric zero padding (what
+            ``F.conv2d(F.pad(x, (left, right, top, bottom)), ...)`` computes, without the padded copy).
 
     Returns (N, C, OH, OW) with OH = (H + 2*pad_h - dilation_h*(kh - 1) - 1) // stride_h + 1.
 
