@@ -30,7 +30,7 @@ def register_same_padding_conv2d(cls: type[nn.Conv2d] | str) -> None:
     :class:`DepthwiseConv2dSame`. ``cls`` is the class or its path ``"package.module.Class"``. The
     swap still checks the claim on probe inputs, and skips, with the reason, a conv that does not
     keep it. Built in: timm's ``Conv2dSame``."""
-    path = cls if isinstance(cls, str) else class_path(cls)
+    path = cls if isinstance(cls, str) else class_path(cls) if isinstance(cls, type) else None
     if not isinstance(path, str) or "." not in path:
         raise TypeError(
             "fastops.nn.register_same_padding_conv2d: expected cls to be an nn.Conv2d subclass or a "

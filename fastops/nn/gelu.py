@@ -38,7 +38,7 @@ def register_gelu_module(cls: type[nn.Module] | str, approximate: str = "none") 
     after an ``nn.Linear``). ``cls`` is the class or its path ``"package.module.Class"`` (then its
     package need not be imported). The swap still checks the claim on a probe input and skips, with
     the reason, a module that does not keep it. Built in: timm's ``GELU`` and ``GELUTanh``."""
-    path = cls if isinstance(cls, str) else class_path(cls)
+    path = cls if isinstance(cls, str) else class_path(cls) if isinstance(cls, type) else None
     if not isinstance(path, str) or "." not in path:
         raise TypeError(
             f"fastops.nn.register_gelu_module: expected cls to be a class or a 'package.module.Class' "
