@@ -14,9 +14,10 @@ class (a user can register rules for their own modules with :func:`register_swap
                                                 -> ``fastops.nn.LinearGELU`` at the Linear's index and
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
-* Mlp blocks (children ``fc1, act, drop1, norm, fc2, drop2`` with ``fc1`` an ``nn.Linear`` and
-  ``act`` a GELU: timm's ``Mlp`` in ViTs and ConvNeXts) -> ``fastops.nn.LinearGELUMlp``, same
-  attribute names and state_dict keys, ``fc1`` + ``act`` fused into a ``LinearGELU``.
+* Mlp blocks (children ``fc1, act, drop1, norm, fc2, drop2`` with ``fc1`` an ``nn.Linear`` or a 1x1
+  ``nn.Conv2d`` and ``act`` a GELU: timm's ``Mlp`` in ViTs and ConvNeXts) -> ``fastops.nn.GELUMlp``,
+  same attribute names and state_dict keys, ``fc1`` + ``act`` fused into a ``LinearGELU`` (or a
+  ``PointwiseConvGELU``); its dropouts, norm and ``fc2`` are kept as they are.
 
 Classes fastops does not own (timm's) are recognised by their import path or their structure, never
 by importing their package, and their forward is checked against what the swap assumes on a small

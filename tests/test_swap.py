@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from typing import Any
@@ -403,9 +404,9 @@ def test_mlp_block_becomes_linear_gelu_mlp(act: type[nn.Module], drop: float, no
     keys = list(model.state_dict())
     before = _outputs_and_grads(model, x, seed=7)
     report = fastops.swap_modules(model)
-    assert report.counts() == {"tests.test_swap.TimmMlp -> fastops.nn.LinearGELUMlp": 1}
+    assert report.counts() == {"tests.test_swap.TimmMlp -> fastops.nn.GELUMlp": 1}
     block = model[0]
-    assert isinstance(block, fastops.nn.LinearGELUMlp) and isinstance(block.fc1, fastops.nn.LinearGELU)
+    assert isinstance(block, fastops.nn.GELUMlp) and isinstance(block.fc1, fastops.nn.LinearGELU)
     assert block.fc1.approximate == ("tanh" if act is TimmGELUTanh else "none")
     assert list(model.state_dict()) == keys
     assert [name for name, _ in block.named_children()] == ["fc1", "act", "drop1", "norm", "fc2", "drop2"]
@@ -414,15 +415,33 @@ def test_mlp_block_becomes_linear_gelu_mlp(act: type[nn.Module], drop: float, no
     assert type(model[0]) is TimmMlp and type(model[0].act) is act
 
 
+def test_conv_mlp_block_fuses_its_1x1_conv() -> None:
+    """timm's Mlp(use_conv=True) (ConvNeXt-Atto): fc1 is a 1x1 conv on NCHW input."""
+    block = TimmMlp(6, 10)
+    block.fc1, block.fc2 = nn.Conv2d(6, 10, 1), nn.Conv2d(10, 6, 1)
+    model = nn.Sequential(block).double()
+    keys = list(model.state_dict())
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        x = torch.randn(2, 6, 5, 4, dtype=torch.float64).contiguous(memory_format=fmt)
+        fresh = copy.deepcopy(model)
+        before = _outputs_and_grads(fresh, x)
+        weight = fresh[0].fc1.weight
+        report = fastops.swap_modules(fresh)
+        assert type(fresh[0]) is fastops.nn.GELUMlp and type(fresh[0].fc1) is fastops.nn.PointwiseConvGELU
+        assert fresh[0].fc1.weight is weight and list(fresh.state_dict()) == keys
+        assert len(report.replaced) == 1
+        _assert_same_behaviour(before, _outputs_and_grads(fresh, x))
+
+
 def test_mlp_blocks_that_are_not_skipped_with_why() -> None:
     conv_mlp = TimmMlp(6, 10)
-    conv_mlp.fc1 = nn.Conv2d(6, 10, 1)  # timm's use_conv=True: fc1 is a 1x1 conv
+    conv_mlp.fc1 = nn.Conv2d(6, 10, 3, padding=1)  # a 3x3 conv: no fused twin
     model = nn.ModuleDict({"residual": ResidualMlp(6, 10), "conv": conv_mlp}).double()
     report = fastops.swap_modules(model)
     skipped = {s.name: s.reason for s in report.skipped}
     assert set(skipped) == {"residual", "conv"}
     assert "does not compute what the swap assumes" in skipped["residual"]
-    assert "fc1 is a torch.nn.modules.conv.Conv2d" in skipped["conv"]
+    assert "fc1 is an nn.Conv2d other than 1x1" in skipped["conv"]
     # Left alone as blocks, their GELUs are still swapped on their own.
     assert sorted(r.name for r in report.replaced) == ["conv.act", "residual.act"]
     assert type(model["residual"]) is ResidualMlp

@@ -3,7 +3,7 @@
 from fastops.nn.clipped_log import ClippedLog
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d, DepthwiseConv2dSame, register_same_padding_conv2d
 from fastops.nn.depthwise_separable_conv2d import DepthwiseSeparableConv2d
-from fastops.nn.gelu import GELU, BiasGELU, LinearGELU, LinearGELUMlp, register_gelu_module
+from fastops.nn.gelu import GELU, BiasGELU, GELUMlp, LinearGELU, PointwiseConvGELU, register_gelu_module
 
 __all__ = [
     "BiasGELU",
@@ -13,7 +13,8 @@ __all__ = [
     "DepthwiseSeparableConv2d",
     "GELU",
     "LinearGELU",
-    "LinearGELUMlp",
+    "PointwiseConvGELU",
+    "GELUMlp",
     "register_gelu_module",
     "register_same_padding_conv2d",
 ]

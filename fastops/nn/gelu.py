@@ -1,4 +1,4 @@
-"""fastops.nn.GELU, BiasGELU, LinearGELU and LinearGELUMlp: the module faces of fastops.gelu and
+"""fastops.nn.GELU, BiasGELU, LinearGELU and GELUMlp: the module faces of fastops.gelu and
 fastops.bias_gelu, and the swap rules for nn.GELU, GELU-by-contract modules (timm's), Linear -> GELU
 in an nn.Sequential, and Mlp blocks (timm's Mlp)."""
 
@@ -197,9 +197,91 @@ class LinearGELU(nn.Module):
         )
 
 
-class LinearGELUMlp(nn.Module):
+class PointwiseConvGELU(nn.Module):
+    """``gelu(conv2d(x, weight) + bias)`` with a 1x1 kernel: a 1x1 ``nn.Conv2d`` (stride 1, no padding,
+    groups 1) without its bias add, followed by the fused bias+GELU over the channels.
+
+    ``weight`` (out_channels, in_channels, 1, 1) and ``bias`` (out_channels) are named, shaped and
+    initialised as nn.Conv2d's. The bias+GELU runs on the output viewed channels-last, which is
+    free for channels_last input (the conv then writes channels_last); NCHW input costs a copy.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        bias: bool = True,
+        approximate: str = "none",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.approximate = check_approximate("nn.PointwiseConvGELU", approximate)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, 1, 1, **factory))
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_channels, **factory))
+        else:
+            self.register_parameter("bias", None)
+        if not self.weight.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Conv2d's initialisation (fan_in = in_channels for a 1x1 kernel)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -1 / math.sqrt(self.in_channels), 1 / math.sqrt(self.in_channels))
+
+    @classmethod
+    def from_torch(cls, conv: nn.Conv2d, gelu_module: nn.Module) -> PointwiseConvGELU:
+        """A PointwiseConvGELU holding ``conv``'s own Parameter objects and ``gelu_module``'s form."""
+        reason = _pointwise_conv_reason(conv)
+        approximate = gelu_approximate(gelu_module)
+        if reason is not None or approximate is None:
+            raise TypeError(
+                "fastops.nn.PointwiseConvGELU.from_torch: expected a 1x1 nn.Conv2d (stride 1, no padding, "
+                f"groups 1) and a GELU, got {class_path(type(conv))} and {class_path(type(gelu_module))}"
+            )
+        bias = conv.bias is not None
+        m = cls(conv.in_channels, conv.out_channels, bias, approximate, device="meta")
+        share_parameters(m, conv)
+        return m
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.conv2d(x, self.weight)
+        if self.bias is None:
+            return gelu(y, self.approximate)
+        # bias_gelu adds the bias along the last dimension: make it the channels (a view).
+        y = bias_gelu(y.movedim(-3, -1), self.bias.to(y.dtype), self.approximate)
+        return y.movedim(-1, -3)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size=(1, 1), "
+            f"bias={self.bias is not None}, approximate={self.approximate!r}"
+        )
+
+
+def _pointwise_conv_reason(conv: nn.Module) -> str | None:
+    """Why ``conv`` is not a plain 1x1 nn.Conv2d that PointwiseConvGELU computes, or None."""
+    if not isinstance(conv, nn.Conv2d) or overrides(type(conv), nn.Conv2d, "forward", "_conv_forward"):
+        return f"a {class_path(type(conv))}"
+    plain = (
+        conv.kernel_size == (1, 1)
+        and conv.stride == (1, 1)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+        and conv.padding in ((0, 0), "valid")
+    )
+    return None if plain else "an nn.Conv2d other than 1x1, stride 1, no padding, groups 1"
+
+
+class GELUMlp(nn.Module):
     """timm's ``Mlp`` (``fc1 -> act -> drop1 -> norm -> fc2 -> drop2``) with ``fc1`` and a GELU ``act``
-    fused into one :class:`LinearGELU`; ``act`` is then ``nn.Identity``. The attribute names, and so the
+    fused into one :class:`LinearGELU` (or :class:`PointwiseConvGELU` where fc1 is a 1x1 conv, timm's
+    ``use_conv=True``, as in ConvNeXt-Atto); ``act`` is then ``nn.Identity``. The attribute names, and so the
     state_dict keys (``fc1.weight``, ``fc2.bias``, ...), are the Mlp's.
 
     Built by :meth:`from_torch` (and by :func:`fastops.swap_modules`), which keeps the Mlp's own
@@ -208,7 +290,12 @@ class LinearGELUMlp(nn.Module):
     """
 
     def __init__(
-        self, fc1: LinearGELU, drop1: nn.Module, norm: nn.Module, fc2: nn.Module, drop2: nn.Module
+        self,
+        fc1: LinearGELU | PointwiseConvGELU,
+        drop1: nn.Module,
+        norm: nn.Module,
+        fc2: nn.Module,
+        drop2: nn.Module,
     ) -> None:
         super().__init__()
         self.fc1 = fc1
@@ -222,13 +309,17 @@ class LinearGELUMlp(nn.Module):
         return self.drop2(self.fc2(self.norm(self.drop1(self.fc1(x)))))
 
     @classmethod
-    def from_torch(cls, mlp: nn.Module) -> LinearGELUMlp:
-        """From a module with children ``fc1`` (nn.Linear), ``act`` (a GELU), ``drop1``, ``norm``,
+    def from_torch(cls, mlp: nn.Module) -> GELUMlp:
+        """From a module with children ``fc1`` (nn.Linear or 1x1 nn.Conv2d), ``act`` (a GELU), ``drop1``, ``norm``,
         ``fc2``, ``drop2`` whose forward runs them in that order, sharing its modules and Parameters."""
         reason = _mlp_skip_reason(mlp) if _is_gelu_mlp(mlp) else "expected an Mlp block with a GELU act"
         if reason is not None:
-            raise ValueError(f"fastops.nn.LinearGELUMlp.from_torch: {reason}")
-        fc1 = LinearGELU.from_torch(mlp.fc1, mlp.act)  # type: ignore[arg-type]
+            raise ValueError(f"fastops.nn.GELUMlp.from_torch: {reason}")
+        fc1: LinearGELU | PointwiseConvGELU
+        if isinstance(mlp.fc1, nn.Linear):
+            fc1 = LinearGELU.from_torch(mlp.fc1, mlp.get_submodule("act"))
+        else:
+            fc1 = PointwiseConvGELU.from_torch(mlp.fc1, mlp.get_submodule("act"))  # type: ignore[arg-type]
         return cls(fc1, *(getattr(mlp, name) for name in ("drop1", "norm", "fc2", "drop2")))
 
 
@@ -243,8 +334,10 @@ def _is_gelu_mlp(m: nn.Module) -> bool:
 
 def _mlp_skip_reason(mlp: nn.Module) -> str | None:
     fc1, act = mlp.get_submodule("fc1"), mlp.get_submodule("act")
-    if not isinstance(fc1, nn.Linear) or overrides(type(fc1), nn.Linear, "forward"):
-        return f"fc1 is a {class_path(type(fc1))}, not an nn.Linear (fc1 + act are fused as a Linear)"
+    is_linear = isinstance(fc1, nn.Linear) and not overrides(type(fc1), nn.Linear, "forward")
+    conv_reason = None if is_linear else _pointwise_conv_reason(fc1)
+    if conv_reason is not None:
+        return f"fc1 is {conv_reason}: only an nn.Linear or a plain 1x1 nn.Conv2d fuses with act"
     if any(True for _ in mlp.parameters(recurse=False)) or any(True for _ in mlp.buffers(recurse=False)):
         return "holds parameters or buffers of its own, which the fused block would not use"
     for name, child in (("fc1", fc1), ("act", act)):
@@ -266,9 +359,8 @@ def _mlp_skip_reason(mlp: nn.Module) -> str | None:
     modes = {sub: sub.training for sub in mlp.modules()}
     mlp.eval()  # dropout off and norms on their running statistics, for the probe only
     try:
-        reason = forward_mismatch(
-            mlp, as_assumed, [(2, fc1.in_features)], fc1.weight.device, fc1.weight.dtype
-        )
+        probe = (2, fc1.in_features) if is_linear else (2, fc1.in_channels, 3, 3)
+        reason = forward_mismatch(mlp, as_assumed, [probe], fc1.weight.device, fc1.weight.dtype)
     finally:
         for sub, training in modes.items():
             sub.training = training
@@ -296,5 +388,5 @@ register_swap_rule(
     )
 )
 register_swap_rule(
-    SwapRule("gelu_mlp", matches=_is_gelu_mlp, replace=LinearGELUMlp.from_torch, skip_reason=_mlp_skip_reason)
+    SwapRule("gelu_mlp", matches=_is_gelu_mlp, replace=GELUMlp.from_torch, skip_reason=_mlp_skip_reason)
 )
