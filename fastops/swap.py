@@ -139,7 +139,7 @@ def unsafe_to_replace(m: nn.Module) -> str | None:
     """Why handing ``m``'s work to another module object would silently change behaviour (the
     hooks, parametrizations, pruning or weight norm attached to ``m`` would not follow), or None."""
     if parametrize.is_parametrized(m):
-        names = ", ".join(m.parametrizations)  # type: ignore[union-attr]
+        names = ", ".join(getattr(m, "parametrizations", {}))
         return f"parametrized ({names}; torch.nn.utils.parametrize): the twin would not apply the parametrization"
     pre_hooks = list(m._forward_pre_hooks.values())
     if any(isinstance(h, prune.BasePruningMethod) for h in pre_hooks):

@@ -351,6 +351,8 @@ def _mlp_skip_reason(mlp: nn.Module) -> str | None:
         where = ", ".join(hooked) if hooked else "global module hooks"
         return f"its forward cannot be checked without running the hooks or parametrizations of {where}"
     approximate = gelu_approximate(act)
+    if approximate is None:  # matches() saw a GELU here: only a block changed since gets here
+        return "act is not a GELU"
 
     def as_assumed(x: Tensor) -> Tensor:
         y = mlp.get_submodule("norm")(mlp.get_submodule("drop1")(F.gelu(fc1(x), approximate=approximate)))
@@ -359,8 +361,9 @@ def _mlp_skip_reason(mlp: nn.Module) -> str | None:
     modes = {sub: sub.training for sub in mlp.modules()}
     mlp.eval()  # dropout off and norms on their running statistics, for the probe only
     try:
-        probe = (2, fc1.in_features) if is_linear else (2, fc1.in_channels, 3, 3)
-        reason = forward_mismatch(mlp, as_assumed, [probe], fc1.weight.device, fc1.weight.dtype)
+        weight = fc1.get_parameter("weight")  # (out, in) or (out, in, 1, 1)
+        probe = (2, weight.shape[1]) if is_linear else (2, weight.shape[1], 3, 3)
+        reason = forward_mismatch(mlp, as_assumed, [probe], weight.device, weight.dtype)
     finally:
         for sub, training in modes.items():
             sub.training = training

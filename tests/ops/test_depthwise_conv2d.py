@@ -52,6 +52,8 @@ EDGE_CASES = [
     (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
     (2, 5, 9, 11, (2, 4), 1, (2, 1), "same"),  # rectangular even kernel, asymmetric on both axes
     (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
+    (2, 7, 9, 10, 3, 2, 1, (0, 1, 1, 2)),  # four ints (top, bottom, left, right): TF "same", stride 2
+    (1, 5, 8, 7, (3, 5), 1, (2, 1), (2, 0, 3, 1)),  # four ints, rectangular, one side unpadded
 ]
 
 # C a multiple of 8: the channels_last 16-byte vector kernels on CUDA, each compile-time body
@@ -311,6 +313,10 @@ def test_clear_errors() -> None:
             )
     with pytest.raises(ValueError, match=r"channel multiplier"):
         fastops.depthwise_conv2d(x, torch.randn(8, 1, 3, 3))
+    with pytest.raises(
+        ValueError, match=r"expected padding of 4 to be ints >= 0 \(top, bottom, left, right\)"
+    ):
+        fastops.depthwise_conv2d(x, w, padding=(1, 1, -1, 0))
     with pytest.raises(ValueError, match=r"expected weight\.size\(0\) == channels of x \(4\)"):
         fastops.depthwise_conv2d(x, torch.randn(3, 1, 3, 3))
     with pytest.raises(ValueError, match=r"expected bias of shape \(4,\)"):
