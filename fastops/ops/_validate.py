@@ -13,6 +13,14 @@ import torch
 FLOATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def autocast_will_cast(x: object) -> bool:
+    """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
+    casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
+    check before dispatch must not yet ask their dtypes to agree (a bf16 activation meets fp32
+    weights in every autocast model)."""
+    return isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+
+
 def check_tensor(op: str, arg: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"fastops.{op}: expected {arg} to be a torch.Tensor, got {type(value).__name__}")

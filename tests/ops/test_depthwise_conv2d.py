@@ -376,3 +376,17 @@ def test_cuda_device_mismatch_and_float64() -> None:
         torch.ops.fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3), None, [1, 1], [0] * 4, [1, 1])
     with pytest.raises(TypeError, match=r"expected x to be a float32"):
         fastops.depthwise_conv2d(x.double(), torch.randn(4, 1, 3, 3, device="cuda", dtype=torch.float64))
+
+
+def test_autocast_takes_a_low_precision_x_with_fp32_weights() -> None:
+    """In an autocast model a bf16 activation meets fp32 weights; the autocast kernel casts them, so
+    the check before dispatch must not refuse the mismatch (it did, in every timm model)."""
+    x = torch.randn(2, 4, 8, 8).bfloat16()
+    w, b = torch.randn(4, 1, 3, 3), torch.randn(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = fastops.depthwise_conv2d(x, w, b, padding=1)
+        eager = torch.nn.functional.conv2d(x, w, b, padding=1, groups=4)
+    assert ours.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), eager.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(TypeError, match=r"expected weight to have the dtype of x \(torch.bfloat16\)"):
+        fastops.depthwise_conv2d(x, w, b, padding=1)  # outside autocast the mismatch is an error
