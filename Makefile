@@ -6,6 +6,7 @@
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
 #   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)
+#   make test-models swap_modules on real timm / torchvision models (in .venv-cuda, on the CPU)
 SHELL := /bin/bash
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -20,7 +21,7 @@ PY := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env install test test-avx2 bench demo lint format cuda-check clean
+.PHONY: env install test test-avx2 bench demo lint format cuda-check test-models clean
 
 .venv/.installed: requirements-dev.txt
 	$(PYTHON) -m venv .venv
@@ -90,6 +91,18 @@ cuda-check: .venv-cuda/.installed
 	  x = torch.rand(1000) + 0.1; torch.testing.assert_close(fastops.clipped_log(x), torch.log(x)); \
 	  print('cuda-check: CUDA build of fastops imports and runs')"; \
 	rm -rf $$tmp
+
+.venv-cuda/.models-installed: .venv-cuda/.installed requirements-models.txt
+	.venv-cuda/bin/python -m pip install -q --no-deps $$(grep -E '^torchvision==' requirements-models.txt)
+	.venv-cuda/bin/python -m pip install -q -r requirements-models.txt
+	touch $@
+
+# tests/models on timm and torchvision, which need a torchvision built for the installed torch: there
+# is none for the CPU torch of the main env, so they run in .venv-cuda (torch 2.14.1 + cu130, on the
+# CPU). FASTOPS_CUDA=0 JIT-builds the CPU kernels only, cached apart from the main env's build (the
+# JIT cache is keyed on the torch version).
+test-models: .venv-cuda/.models-installed
+	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/models -q
 
 clean:
 	rm -rf build dist *.egg-info fastops/_C*.so fastops/_compiled.json

@@ -6,7 +6,7 @@ Public API:
   depthwise_separable_conv2d      depthwise conv + 1x1 conv fused on the CPU (channels_last tiles)
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   squeeze_excite                  squeeze-excitation block: fused pool / scale passes, one-pass backward
-  swap_modules                    swap nn.GELU / depthwise nn.Conv2d / Linear->GELU for fastops modules
+  swap_modules                    swap GELUs, depthwise convs, Linear->GELU and Mlp blocks (timm's too) for fastops modules
   register_swap_rule              teach swap_modules a rule of your own (SwapRule, PairRule)
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op

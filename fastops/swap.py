@@ -3,12 +3,25 @@
 What is swapped is decided by swap rules, which each ``fastops.nn`` module registers next to its own
 class (a user can register rules for their own modules with :func:`register_swap_rule`). Built in:
 
-* ``nn.GELU``                                   -> ``fastops.nn.GELU``
-* depthwise ``nn.Conv2d`` (groups == in == out channels, zero padding) -> ``fastops.nn.DepthwiseConv2d``
-* ``nn.Linear`` directly followed by ``nn.GELU`` inside an ``nn.Sequential``
+* ``nn.GELU``, and modules that are GELU by contract (timm's ``GELU`` and ``GELUTanh``; add your
+  own with :func:`fastops.nn.register_gelu_module`)            -> ``fastops.nn.GELU``
+* depthwise ``nn.Conv2d`` (groups == in == out channels, zero padding mode)
+                                                -> ``fastops.nn.DepthwiseConv2d``
+* depthwise convs with TensorFlow "same" padding computed per input size (timm's ``Conv2dSame``;
+  add your own with :func:`fastops.nn.register_same_padding_conv2d`)
+                                                -> ``fastops.nn.DepthwiseConv2dSame``
+* ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential``
                                                 -> ``fastops.nn.LinearGELU`` at the Linear's index and
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
+* Mlp blocks (children ``fc1, act, drop1, norm, fc2, drop2`` with ``fc1`` an ``nn.Linear`` or a 1x1
+  ``nn.Conv2d`` and ``act`` a GELU: timm's ``Mlp`` in ViTs and ConvNeXts) -> ``fastops.nn.GELUMlp``,
+  same attribute names and state_dict keys, ``fc1`` + ``act`` fused into a ``LinearGELU`` (or a
+  ``PointwiseConvGELU``); its dropouts, norm and ``fc2`` are kept as they are.
+
+Classes fastops does not own (timm's) are recognised by their import path or their structure, never
+by importing their package, and their forward is checked against what the swap assumes on a small
+probe input before they are replaced.
 
 Each replacement reuses the original's Parameter objects, so ``state_dict`` keys, optimizer state
 and checkpoints are unchanged and the outputs agree with the original's. The returned
@@ -16,15 +29,31 @@ and checkpoints are unchanged and the outputs agree with the original's. The ret
 that looked like a candidate but was left alone (with the reason), and can undo the swap:
 ``report.undo()`` puts the original module objects back, which still hold the same Parameters, so
 training done between swap and undo is kept.
+
+A swap never silently changes behaviour:
+
+* A candidate that carries its own hooks (forward, forward pre-, backward, state_dict), a
+  parametrization (``torch.nn.utils.parametrize``), pruning (``weight_orig`` / ``weight_mask``) or
+  ``weight_norm`` / ``spectral_norm`` is left alone and listed in ``report.skipped``: those were
+  attached to that module object and would not follow it to the twin. Hooks on modules the swap
+  keeps (a parent, an Mlp's ``fc2``) keep firing as before; global module hooks
+  (``register_module_forward_hook``) fire on the fastops modules, once per fused module.
+* The swap is planned in full before the model is touched: if a rule fails, the model is left
+  exactly as it was and the error names the module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+from torch.nn.modules import module as _module_globals
+from torch.nn.utils import parametrize, prune
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -35,9 +64,10 @@ class SwapRule:
 
     ``matches(m)``: m is a module this rule is about. ``skip_reason(m)``: None when the twin can take
     m over, else why not (the module is then listed in ``SwapReport.skipped``). ``replace(m)``: the
-    twin, sharing m's Parameter objects. Rules are tried in registration order; the first that
-    matches decides. Match exact types unless the rule knows a subclass's forward is unchanged: a
-    swap must never silently drop behaviour.
+    twin, sharing m's Parameter objects; it must not modify m (the swap is planned before it is
+    applied). Rules are tried in registration order; the first that matches decides. Match exact
+    types unless the rule knows a subclass's forward is unchanged: a swap must never silently drop
+    behaviour. Modules with hooks or parametrizations are skipped before ``skip_reason`` is asked.
     """
 
     name: str
@@ -51,11 +81,13 @@ class SwapRule:
 class PairRule:
     """Two adjacent children of an ``nn.Sequential`` fused into one module: ``replace(first, second)``
     goes at the first's index and ``nn.Identity`` at the second's, so the indices (and state_dict
-    keys) stay put. ``filter_fn`` is asked about the first. Tried before the single-module rules."""
+    keys) stay put. ``filter_fn`` is asked about the first, and a skipped pair is reported under the
+    first's name. Tried before the single-module rules."""
 
     name: str
     matches: Callable[[nn.Module, nn.Module], bool]
     replace: Callable[[Any, Any], nn.Module]
+    skip_reason: Callable[[Any, Any], str | None] = lambda first, second: None
 
 
 _RULES: list[SwapRule] = []
@@ -79,6 +111,62 @@ def swap_rules() -> list[SwapRule | PairRule]:
     import fastops.nn  # noqa: F401  (each fastops.nn module registers its rules on import)
 
     return [*_PAIR_RULES, *_RULES]
+
+
+def class_path(cls: type) -> str:
+    """``"package.module.Class"``: how rules name classes of packages fastops does not import."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def overrides(cls: type, base: type, *methods: str) -> list[str]:
+    """The methods among ``methods`` that ``cls`` (a subclass of ``base``) defines differently."""
+    return [name for name in methods if getattr(cls, name, None) is not getattr(base, name, None)]
+
+
+_HOOK_DICTS = (
+    ("forward hooks", "_forward_hooks"),
+    ("forward pre-hooks", "_forward_pre_hooks"),
+    ("backward hooks", "_backward_hooks"),
+    ("backward pre-hooks", "_backward_pre_hooks"),
+    ("state_dict hooks", "_state_dict_hooks"),
+    ("state_dict pre-hooks", "_state_dict_pre_hooks"),
+    ("load_state_dict pre-hooks", "_load_state_dict_pre_hooks"),
+    ("load_state_dict post-hooks", "_load_state_dict_post_hooks"),
+)
+
+
+def unsafe_to_replace(m: nn.Module) -> str | None:
+    """Why handing ``m``'s work to another module object would silently change behaviour (the
+    hooks, parametrizations, pruning or weight norm attached to ``m`` would not follow), or None."""
+    if parametrize.is_parametrized(m):
+        names = ", ".join(getattr(m, "parametrizations", {}))
+        return f"parametrized ({names}; torch.nn.utils.parametrize): the twin would not apply the parametrization"
+    pre_hooks = list(m._forward_pre_hooks.values())
+    if any(isinstance(h, prune.BasePruningMethod) for h in pre_hooks):
+        return "pruned (torch.nn.utils.prune): the twin would drop weight_orig / weight_mask and the mask"
+    if any(isinstance(h, WeightNorm) for h in pre_hooks):
+        return "weight_norm: the twin would drop weight_g / weight_v and the recomputation of weight"
+    if any(isinstance(h, SpectralNorm) for h in pre_hooks):
+        return "spectral_norm: the twin would drop weight_orig and the normalisation of weight"
+    found = [what for what, attr in _HOOK_DICTS if getattr(m, attr, None)]
+    if found:
+        return (
+            f"has {', '.join(found)}: they belong to this module object and would not follow it to the twin"
+        )
+    return None
+
+
+def global_module_hooks() -> bool:
+    """Whether hooks registered for every module (``register_module_forward_hook`` and kin) exist."""
+    return any(
+        getattr(_module_globals, attr, None)
+        for attr in (
+            "_global_forward_hooks",
+            "_global_forward_pre_hooks",
+            "_global_backward_hooks",
+            "_global_backward_pre_hooks",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -159,50 +247,111 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
             it returns True. For a Linear->GELU pair it is asked about the Linear. Default: all.
 
     Returns:
-        A :class:`SwapReport` of the replacements (and of depthwise convs left alone, with why);
+        A :class:`SwapReport` of the replacements and of every candidate left alone, with why;
         ``report.undo()`` restores the original modules.
+
+    Raises:
+        RuntimeError: a rule failed on a module (the message names it); the model is unchanged.
+
+    On a timm model::
+
+        model = timm.create_model("convnext_atto")
+        report = fastops.swap_modules(model)  # GELUs, Mlp blocks, depthwise convs
+        print(report)                         # what was replaced, what was skipped and why
+
+    Modules of classes fastops does not know are recognised through registries a user extends:
+    :func:`fastops.nn.register_gelu_module` (a module that computes ``F.gelu``),
+    :func:`fastops.nn.register_same_padding_conv2d` (a depthwise conv with TensorFlow "same"
+    padding) and, for anything else, :func:`register_swap_rule`. Candidates with hooks,
+    parametrizations, pruning or weight norm are skipped (see the module docstring).
 
     Swap before wrapping the model in DDP / torch.compile and before building the optimizer is the
     simplest order, but because Parameters are reused an existing optimizer keeps working too.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"fastops.swap_modules: expected an nn.Module, got {type(model).__name__}")
     rules = swap_rules()
     pair_rules = [r for r in rules if isinstance(r, PairRule)]
     single_rules = [r for r in rules if isinstance(r, SwapRule)]
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"fastops.swap_modules: expected an nn.Module, got {type(model).__name__}")
     keep = filter_fn if filter_fn is not None else (lambda m, n: True)
     report = SwapReport()
+    planned: list[Replacement] = []  # nothing is assigned until every module has been decided
 
-    def replace(parent: nn.Module, attr: str, name: str, old: nn.Module, new: nn.Module) -> None:
+    def plan(parent: nn.Module, attr: str, name: str, old: nn.Module, new: nn.Module) -> None:
         new.train(old.training)
-        setattr(parent, attr, new)
-        report.replaced.append(Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new))
+        planned.append(Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new))
+
+    def decide_pair(parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]]) -> set[str]:
+        """Plan the pair rules over a Sequential's children; returns the attrs they fused."""
+        fused: set[str] = set()
+        for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
+            if attr in fused:
+                continue
+            rule = next((r for r in pair_rules if r.matches(m, nxt)), None)
+            if rule is None:
+                continue
+            name = _qualify(prefix, attr)
+            with _naming(rule.name, name, m):
+                reason = (
+                    unsafe_to_replace(m)
+                    or _named(next_attr, unsafe_to_replace(nxt))
+                    or rule.skip_reason(m, nxt)
+                )
+                if reason is not None:
+                    report.skipped.append(Skipped(name, _type_name(m), reason))
+                elif keep(m, name):
+                    plan(parent, attr, name, m, rule.replace(m, nxt))
+                    plan(parent, next_attr, _qualify(prefix, next_attr), nxt, nn.Identity())
+                    fused.update((attr, next_attr))
+        return fused
 
     def visit(parent: nn.Module, prefix: str) -> None:
         children = list(parent.named_children())
-        fused: set[str] = set()  # attrs of the Sequential's children already replaced by a pair rule
-        if isinstance(parent, nn.Sequential):
-            for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
-                if attr in fused:
-                    continue
-                pair = next((r for r in pair_rules if r.matches(m, nxt)), None)
-                if pair is not None and keep(m, _qualify(prefix, attr)):
-                    replace(parent, attr, _qualify(prefix, attr), m, pair.replace(m, nxt))
-                    replace(parent, next_attr, _qualify(prefix, next_attr), nxt, nn.Identity())
-                    fused.update((attr, next_attr))
+        fused = decide_pair(parent, prefix, children) if isinstance(parent, nn.Sequential) else set()
         for attr, m in children:
-            name = _qualify(prefix, attr)
             if attr in fused:
                 continue
+            name = _qualify(prefix, attr)
             rule = next((r for r in single_rules if r.matches(m)), None)
-            if rule is None:
+            replaced = False
+            if rule is not None:
+                with _naming(rule.name, name, m):
+                    reason = unsafe_to_replace(m) or rule.skip_reason(m)
+                    if reason is not None:
+                        report.skipped.append(Skipped(name, _type_name(m), reason))
+                    elif keep(m, name):
+                        plan(parent, attr, name, m, rule.replace(m))
+                        replaced = True
+            if not replaced:  # a block left alone may still hold candidates of its own
                 visit(m, name)
-                continue
-            reason = rule.skip_reason(m)
-            if reason is not None:
-                report.skipped.append(Skipped(name, _type_name(m), reason))
-            elif keep(m, name):
-                replace(parent, attr, name, m, rule.replace(m))
 
     visit(model, "")
+    applied: list[Replacement] = []
+    try:
+        for r in planned:
+            setattr(r.parent, r.attr, r.new)
+            applied.append(r)
+    except BaseException:
+        for r in reversed(applied):
+            setattr(r.parent, r.attr, r.old)
+        raise
+    report.replaced = applied
     return report
+
+
+def _named(child: str, reason: str | None) -> str | None:
+    return None if reason is None else f"{child}: {reason}"
+
+
+@contextmanager
+def _naming(rule: str, name: str, module: nn.Module) -> Iterator[None]:
+    """Re-raise an error of a rule (or of filter_fn) as one that names the module and the rule, and
+    says that the model was left as it was (nothing is assigned before planning ends)."""
+    try:
+        yield
+    except Exception as error:
+        where = f"swap rule {rule!r} on {name or '<model>'} ({_type_name(module)})"
+        raise RuntimeError(
+            f"fastops.swap_modules: {where} failed: {type(error).__name__}: {error}. "
+            "Nothing was swapped; the model is unchanged."
+        ) from error

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from fastops.nn._twin import accept_state_dict_keys
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
+from fastops.swap import global_module_hooks
 
 # nn.Sequential(depthwise, pointwise) saves "0.*" / "1.*": map them onto our submodule names.
 _SEQUENTIAL_KEYS = {"0.": "depthwise.", "1.": "pointwise."}
@@ -93,7 +94,7 @@ class DepthwiseSeparableConv2d(nn.Module):
 def _fusable(x: Tensor, dw: nn.Module, pw: nn.Module) -> bool:
     """Whether the fused CPU kernel computes exactly what ``pw(dw(x))`` would: channels_last CPU input
     (the layout the kernel is fast in; fastops.depthwise_conv2d's rule for "channels_last"), a plain
-    1x1 nn.Conv2d with nothing that its own forward or hooks would add; and only when no gradient is
+    1x1 nn.Conv2d with nothing that its own forward or hooks (or global module hooks) would add; and only when no gradient is
     recorded (in training the recompute in the fused op's backward costs more than the fusion saves)."""
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or any(p.requires_grad for p in (*dw.parameters(), *pw.parameters()))
@@ -114,4 +115,6 @@ def _fusable(x: Tensor, dw: nn.Module, pw: nn.Module) -> bool:
         and pw.padding in ((0, 0), "valid")
         and pw.padding_mode == "zeros"
         and not (dw._forward_hooks or dw._forward_pre_hooks or pw._forward_hooks or pw._forward_pre_hooks)
+        # Hooks registered for every module must see dw and pw run, as they would in the pair.
+        and not global_module_hooks()
     )

@@ -1,4 +1,6 @@
-"""fastops.nn.GELU, BiasGELU and LinearGELU: the module faces of fastops.gelu and fastops.bias_gelu."""
+"""fastops.nn.GELU, BiasGELU, LinearGELU and GELUMlp: the module faces of fastops.gelu and
+fastops.bias_gelu, and the swap rules for nn.GELU, GELU-by-contract modules (timm's), Linear -> GELU
+in an nn.Sequential, and Mlp blocks (timm's Mlp)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,68 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from fastops.nn._twin import accept_state_dict_keys, share_parameters
+from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
-from fastops.swap import PairRule, SwapRule, register_swap_rule
+from fastops.swap import (
+    PairRule,
+    SwapRule,
+    class_path,
+    global_module_hooks,
+    overrides,
+    register_swap_rule,
+    unsafe_to_replace,
+)
+
+# Modules that are GELU by contract: class path -> approximate. Paths, not classes, so that timm
+# need not be imported (or installed) for its modules to be recognised.
+_GELU_MODULES: dict[str, str] = {
+    "timm.layers.activations.GELU": "none",
+    "timm.layers.activations.GELUTanh": "tanh",
+}
+
+
+def register_gelu_module(cls: type[nn.Module] | str, approximate: str = "none") -> None:
+    """Declare that modules of exactly this class compute ``F.gelu(x, approximate=approximate)`` and
+    hold no state, so :func:`fastops.swap_modules` replaces them with :class:`GELU` (and fuses them
+    after an ``nn.Linear``). ``cls`` is the class or its path ``"package.module.Class"`` (then its
+    package need not be imported). The swap still checks the claim on a probe input and skips, with
+    the reason, a module that does not keep it. Built in: timm's ``GELU`` and ``GELUTanh``."""
+    path = cls if isinstance(cls, str) else class_path(cls) if isinstance(cls, type) else None
+    if not isinstance(path, str) or "." not in path:
+        raise TypeError(
+            f"fastops.nn.register_gelu_module: expected cls to be a class or a 'package.module.Class' "
+            f"path, got {cls!r}"
+        )
+    _GELU_MODULES[path] = check_approximate("nn.register_gelu_module", approximate)
+
+
+def gelu_approximate(m: nn.Module) -> str | None:
+    """The ``approximate`` of a module that is a GELU (an ``nn.GELU``, a :class:`GELU` or a
+    registered GELU-by-contract module), else None."""
+    if isinstance(m, (nn.GELU, GELU)):
+        return m.approximate
+    return _GELU_MODULES.get(class_path(type(m)))
+
+
+def _gelu_skip_reason(m: nn.Module) -> str | None:
+    """Why a module that looks like a GELU is not one the fastops GELU can stand in for."""
+    if isinstance(m, nn.GELU):
+        changed = overrides(type(m), nn.GELU, "forward")
+        return f"subclass of nn.GELU overrides {', '.join(changed)}()" if changed else None
+    if isinstance(m, GELU):
+        return None
+    approximate = _GELU_MODULES[class_path(type(m))]
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()) or any(True for _ in m.children()):
+        return "registered as a GELU module but holds parameters, buffers or submodules"
+    reason = forward_mismatch(
+        m,
+        lambda x: F.gelu(x, approximate=approximate),
+        [(64,)],
+        torch.device("cpu"),
+        torch.float64,
+    )
+    return None if reason is None else f"registered as GELU(approximate={approximate!r}), but {reason}"
 
 
 class GELU(nn.Module):
@@ -23,11 +83,16 @@ class GELU(nn.Module):
         self.approximate = check_approximate("nn.GELU", approximate)
 
     @classmethod
-    def from_torch(cls, m: nn.GELU) -> GELU:
-        """A fastops GELU with the same ``approximate`` as ``m``."""
-        if not isinstance(m, nn.GELU):
-            raise TypeError(f"fastops.nn.GELU.from_torch: expected a torch.nn.GELU, got {type(m).__name__}")
-        return cls(m.approximate)
+    def from_torch(cls, m: nn.Module) -> GELU:
+        """A fastops GELU with the same ``approximate`` as ``m``, an ``nn.GELU`` or a module registered
+        with :func:`register_gelu_module`."""
+        approximate = gelu_approximate(m)
+        if approximate is None:
+            raise TypeError(
+                "fastops.nn.GELU.from_torch: expected a torch.nn.GELU or a module registered with "
+                f"fastops.nn.register_gelu_module, got {class_path(type(m))}"
+            )
+        return cls(approximate)
 
     def forward(self, x: Tensor) -> Tensor:
         return gelu(x, self.approximate)
@@ -103,23 +168,19 @@ class LinearGELU(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
-    def from_torch(cls, linear: nn.Linear, gelu_module: nn.GELU) -> LinearGELU:
-        """A LinearGELU holding ``linear``'s own Parameter objects (no copy) and ``gelu_module``'s form."""
+    def from_torch(cls, linear: nn.Linear, gelu_module: nn.Module) -> LinearGELU:
+        """A LinearGELU holding ``linear``'s own Parameter objects (no copy) and ``gelu_module``'s form
+        (an ``nn.GELU`` or a module registered with :func:`register_gelu_module`)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(
                 f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.Linear, got {type(linear).__name__}"
             )
-        if not isinstance(gelu_module, (nn.GELU, GELU)):
+        approximate = gelu_approximate(gelu_module)
+        if approximate is None:
             raise TypeError(
                 f"fastops.nn.LinearGELU.from_torch: expected a torch.nn.GELU, got {type(gelu_module).__name__}"
             )
-        m = cls(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
-            gelu_module.approximate,
-            device="meta",
-        )
+        m = cls(linear.in_features, linear.out_features, linear.bias is not None, approximate, device="meta")
         share_parameters(m, linear)
         return m
 
@@ -136,11 +197,199 @@ class LinearGELU(nn.Module):
         )
 
 
-register_swap_rule(SwapRule("gelu", matches=lambda m: type(m) is nn.GELU, replace=GELU.from_torch))
+class PointwiseConvGELU(nn.Module):
+    """``gelu(conv2d(x, weight) + bias)`` with a 1x1 kernel: a 1x1 ``nn.Conv2d`` (stride 1, no padding,
+    groups 1) without its bias add, followed by the fused bias+GELU over the channels.
+
+    ``weight`` (out_channels, in_channels, 1, 1) and ``bias`` (out_channels) are named, shaped and
+    initialised as nn.Conv2d's. The bias+GELU runs on the output viewed channels-last, which is
+    free for channels_last input (the conv then writes channels_last); NCHW input costs a copy.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        bias: bool = True,
+        approximate: str = "none",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.approximate = check_approximate("nn.PointwiseConvGELU", approximate)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, 1, 1, **factory))
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_channels, **factory))
+        else:
+            self.register_parameter("bias", None)
+        if not self.weight.is_meta:
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """nn.Conv2d's initialisation (fan_in = in_channels for a 1x1 kernel)."""
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            nn.init.uniform_(self.bias, -1 / math.sqrt(self.in_channels), 1 / math.sqrt(self.in_channels))
+
+    @classmethod
+    def from_torch(cls, conv: nn.Conv2d, gelu_module: nn.Module) -> PointwiseConvGELU:
+        """A PointwiseConvGELU holding ``conv``'s own Parameter objects and ``gelu_module``'s form."""
+        reason = _pointwise_conv_reason(conv)
+        approximate = gelu_approximate(gelu_module)
+        if reason is not None or approximate is None:
+            raise TypeError(
+                "fastops.nn.PointwiseConvGELU.from_torch: expected a 1x1 nn.Conv2d (stride 1, no padding, "
+                f"groups 1) and a GELU, got {class_path(type(conv))} and {class_path(type(gelu_module))}"
+            )
+        bias = conv.bias is not None
+        m = cls(conv.in_channels, conv.out_channels, bias, approximate, device="meta")
+        share_parameters(m, conv)
+        return m
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.conv2d(x, self.weight)
+        if self.bias is None:
+            return gelu(y, self.approximate)
+        # bias_gelu adds the bias along the last dimension: make it the channels (a view).
+        y = bias_gelu(y.movedim(-3, -1), self.bias.to(y.dtype), self.approximate)
+        return y.movedim(-1, -3)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size=(1, 1), "
+            f"bias={self.bias is not None}, approximate={self.approximate!r}"
+        )
+
+
+def _pointwise_conv_reason(conv: nn.Module) -> str | None:
+    """Why ``conv`` is not a plain 1x1 nn.Conv2d that PointwiseConvGELU computes, or None."""
+    if not isinstance(conv, nn.Conv2d) or overrides(type(conv), nn.Conv2d, "forward", "_conv_forward"):
+        return f"a {class_path(type(conv))}"
+    plain = (
+        conv.kernel_size == (1, 1)
+        and conv.stride == (1, 1)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+        and conv.padding in ((0, 0), "valid")
+    )
+    return None if plain else "an nn.Conv2d other than 1x1, stride 1, no padding, groups 1"
+
+
+class GELUMlp(nn.Module):
+    """timm's ``Mlp`` (``fc1 -> act -> drop1 -> norm -> fc2 -> drop2``) with ``fc1`` and a GELU ``act``
+    fused into one :class:`LinearGELU` (or :class:`PointwiseConvGELU` where fc1 is a 1x1 conv, timm's
+    ``use_conv=True``, as in ConvNeXt-Atto); ``act`` is then ``nn.Identity``. The attribute names, and so the
+    state_dict keys (``fc1.weight``, ``fc2.bias``, ...), are the Mlp's.
+
+    Built by :meth:`from_torch` (and by :func:`fastops.swap_modules`), which keeps the Mlp's own
+    ``drop1``, ``norm``, ``fc2`` and ``drop2`` module objects: whatever they do (dropout of any rate, in
+    training too; a norm; their hooks) happens exactly as before, in the same order.
+    """
+
+    def __init__(
+        self,
+        fc1: LinearGELU | PointwiseConvGELU,
+        drop1: nn.Module,
+        norm: nn.Module,
+        fc2: nn.Module,
+        drop2: nn.Module,
+    ) -> None:
+        super().__init__()
+        self.fc1 = fc1
+        self.act = nn.Identity()  # the GELU runs inside fc1
+        self.drop1 = drop1
+        self.norm = norm
+        self.fc2 = fc2
+        self.drop2 = drop2
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.fc1(x)))))
+
+    @classmethod
+    def from_torch(cls, mlp: nn.Module) -> GELUMlp:
+        """From a module with children ``fc1`` (nn.Linear or 1x1 nn.Conv2d), ``act`` (a GELU), ``drop1``, ``norm``,
+        ``fc2``, ``drop2`` whose forward runs them in that order, sharing its modules and Parameters."""
+        reason = _mlp_skip_reason(mlp) if _is_gelu_mlp(mlp) else "expected an Mlp block with a GELU act"
+        if reason is not None:
+            raise ValueError(f"fastops.nn.GELUMlp.from_torch: {reason}")
+        fc1: LinearGELU | PointwiseConvGELU
+        if isinstance(mlp.fc1, nn.Linear):
+            fc1 = LinearGELU.from_torch(mlp.fc1, mlp.get_submodule("act"))
+        else:
+            fc1 = PointwiseConvGELU.from_torch(mlp.fc1, mlp.get_submodule("act"))  # type: ignore[arg-type]
+        return cls(fc1, *(getattr(mlp, name) for name in ("drop1", "norm", "fc2", "drop2")))
+
+
+_MLP_CHILDREN = {"fc1", "act", "drop1", "norm", "fc2", "drop2"}
+
+
+def _is_gelu_mlp(m: nn.Module) -> bool:
+    """Structure, not class: the children of timm's Mlp, with a GELU act."""
+    names = {name for name, _ in m.named_children()}
+    return names == _MLP_CHILDREN and gelu_approximate(m.get_submodule("act")) is not None
+
+
+def _mlp_skip_reason(mlp: nn.Module) -> str | None:
+    fc1, act = mlp.get_submodule("fc1"), mlp.get_submodule("act")
+    is_linear = isinstance(fc1, nn.Linear) and not overrides(type(fc1), nn.Linear, "forward")
+    conv_reason = None if is_linear else _pointwise_conv_reason(fc1)
+    if conv_reason is not None:
+        return f"fc1 is {conv_reason}: only an nn.Linear or a plain 1x1 nn.Conv2d fuses with act"
+    if any(True for _ in mlp.parameters(recurse=False)) or any(True for _ in mlp.buffers(recurse=False)):
+        return "holds parameters or buffers of its own, which the fused block would not use"
+    for name, child in (("fc1", fc1), ("act", act)):
+        reason = unsafe_to_replace(child) or (_gelu_skip_reason(child) if name == "act" else None)
+        if reason is not None:
+            return f"{name}: {reason}"
+    # The probe below runs the block's forward: it must not fire anybody's hooks or move a norm's
+    # running statistics.
+    hooked = [name for name, sub in mlp.named_modules() if name and unsafe_to_replace(sub)]
+    if hooked or global_module_hooks():
+        where = ", ".join(hooked) if hooked else "global module hooks"
+        return f"its forward cannot be checked without running the hooks or parametrizations of {where}"
+    approximate = gelu_approximate(act)
+    if approximate is None:  # matches() saw a GELU here: only a block changed since gets here
+        return "act is not a GELU"
+
+    def as_assumed(x: Tensor) -> Tensor:
+        y = mlp.get_submodule("norm")(mlp.get_submodule("drop1")(F.gelu(fc1(x), approximate=approximate)))
+        return mlp.get_submodule("drop2")(mlp.get_submodule("fc2")(y))
+
+    modes = {sub: sub.training for sub in mlp.modules()}
+    mlp.eval()  # dropout off and norms on their running statistics, for the probe only
+    try:
+        weight = fc1.get_parameter("weight")  # (out, in) or (out, in, 1, 1)
+        probe = (2, weight.shape[1]) if is_linear else (2, weight.shape[1], 3, 3)
+        reason = forward_mismatch(mlp, as_assumed, [probe], weight.device, weight.dtype)
+    finally:
+        for sub, training in modes.items():
+            sub.training = training
+    return None if reason is None else f"{reason} (fc1 -> act -> drop1 -> norm -> fc2 -> drop2)"
+
+
+register_swap_rule(
+    SwapRule(
+        "gelu",
+        matches=lambda m: gelu_approximate(m) is not None and not isinstance(m, GELU),
+        replace=GELU.from_torch,
+        skip_reason=_gelu_skip_reason,
+    )
+)
 register_swap_rule(
     PairRule(
         "linear_gelu",
-        matches=lambda first, second: type(first) is nn.Linear and type(second) is nn.GELU,
+        matches=lambda first, second: isinstance(first, nn.Linear) and gelu_approximate(second) is not None,
         replace=LinearGELU.from_torch,
+        skip_reason=lambda first, second: (
+            f"subclass of nn.Linear overrides {', '.join(overrides(type(first), nn.Linear, 'forward'))}()"
+            if overrides(type(first), nn.Linear, "forward")
+            else _gelu_skip_reason(second)
+        ),
     )
+)
+register_swap_rule(
+    SwapRule("gelu_mlp", matches=_is_gelu_mlp, replace=GELUMlp.from_torch, skip_reason=_mlp_skip_reason)
 )

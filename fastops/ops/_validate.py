@@ -13,6 +13,14 @@ import torch
 FLOATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def autocast_will_cast(x: object) -> bool:
+    """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
+    casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
+    check before dispatch must not yet ask their dtypes to agree (a bf16 activation meets fp32
+    weights in every autocast model)."""
+    return isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+
+
 def check_tensor(op: str, arg: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"fastops.{op}: expected {arg} to be a torch.Tensor, got {type(value).__name__}")
@@ -69,8 +77,9 @@ def resolve_padding(
     stride: tuple[int, int],
     dilation: tuple[int, int],
 ) -> tuple[int, int, int, int]:
-    """(top, bottom, left, right) for an int, a pair, "valid" or "same" (F.conv2d's rules: "same"
-    needs stride 1 and puts the odd extra zero at the bottom/right)."""
+    """(top, bottom, left, right) for an int, a pair, "valid", "same" (F.conv2d's rules: "same"
+    needs stride 1 and puts the odd extra zero at the bottom/right) or four ints (top, bottom, left,
+    right), the asymmetric padding the kernels take (TensorFlow "same" with a stride needs it)."""
     if isinstance(padding, str):
         if padding == "valid":
             return (0, 0, 0, 0)
@@ -83,6 +92,13 @@ def resolve_padding(
         raise ValueError(
             f"fastops.{op}: expected padding to be an int, a pair, 'same' or 'valid', got {padding!r}"
         )
+    if isinstance(padding, Sequence) and not isinstance(padding, str) and len(padding) == 4:
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0 for v in padding):
+            raise ValueError(
+                f"fastops.{op}: expected padding of 4 to be ints >= 0 (top, bottom, left, right), got {padding!r}"
+            )
+        top, bottom, left, right = (int(v) for v in padding)
+        return (top, bottom, left, right)
     ph, pw = int_pair(op, "padding", padding, 0)
     return (ph, ph, pw, pw)
 

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from fastops.ops._validate import (
     IntPair,
+    autocast_will_cast,
     check_floating,
     check_same_device,
     check_tensor,
@@ -25,7 +26,7 @@ def depthwise_conv2d(
     weight: Tensor,
     bias: Tensor | None = None,
     stride: IntPair = 1,
-    padding: IntPair | str = 0,
+    padding: IntPair | tuple[int, int, int, int] | str = 0,
     dilation: IntPair = 1,
 ) -> Tensor:
     """Depthwise 2-D convolution: ``F.conv2d(x, weight, bias, stride, padding, dilation, groups=C)``.
@@ -39,7 +40,9 @@ def depthwise_conv2d(
             weight with m > 1 is rejected). Any kernel size.
         bias: None or (C,).
         stride, dilation: int or (h, w) pair, >= 1.
-        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1).
+        padding: int or (h, w) pair >= 0, or "valid" / "same" (as F.conv2d; "same" needs stride 1),
+            or four ints (top, bottom, left, right) for asymmetric zero padding (what
+            ``F.conv2d(F.pad(x, (left, right, top, bottom)), ...)`` computes, without the padded copy).
 
     Returns (N, C, OH, OW) with OH = (H + 2*pad_h - dilation_h*(kh - 1) - 1) // stride_h + 1.
 
@@ -50,7 +53,7 @@ def depthwise_conv2d(
     Equals: ``torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups=x.shape[1])``
     (see ``fastops.reference.depthwise_conv2d``).
     """
-    _check_inputs(x, weight, bias)
+    _check_inputs(x, weight, bias, dtypes_agree=not autocast_will_cast(x))
     s = int_pair(_OP, "stride", stride, 1)
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
@@ -58,7 +61,7 @@ def depthwise_conv2d(
     return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
 
 
-def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, dtypes_agree: bool = True) -> None:
     """The op's one validator of its tensors, called by the eager path and by the fake kernel."""
     check_tensor(_OP, "x", x)
     check_tensor(_OP, "weight", weight)
@@ -85,7 +88,7 @@ def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     check_same_device(_OP, x, weight=weight, bias=bias)
     check_floating(_OP, "x", x)
     for arg, t in (("weight", weight), ("bias", bias)):
-        if t is not None and t.dtype != x.dtype:
+        if dtypes_agree and t is not None and t.dtype != x.dtype:
             raise TypeError(
                 f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
             )

@@ -8,6 +8,7 @@ from torch import Tensor
 
 from fastops.ops._validate import (
     IntPair,
+    autocast_will_cast,
     check_floating,
     check_same_device,
     check_tensor,
@@ -53,7 +54,7 @@ def depthwise_separable_conv2d(
 
     Equals ``fastops.reference.depthwise_separable_conv2d``.
     """
-    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias)
+    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias, dtypes_agree=not autocast_will_cast(x))
     s = int_pair(_OP, "stride", stride, 1)
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
@@ -64,7 +65,12 @@ def depthwise_separable_conv2d(
 
 
 def _check_inputs(
-    x: Tensor, dw_weight: Tensor, dw_bias: Tensor | None, pw_weight: Tensor, pw_bias: Tensor | None
+    x: Tensor,
+    dw_weight: Tensor,
+    dw_bias: Tensor | None,
+    pw_weight: Tensor,
+    pw_bias: Tensor | None,
+    dtypes_agree: bool = True,
 ) -> None:
     """The op's one validator of its tensors, called by the eager path and by the fake kernel."""
     for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
@@ -100,7 +106,7 @@ def _check_inputs(
         )
     check_floating(_OP, "x", x)
     for arg, t in others.items():
-        if t is not None and t.dtype != x.dtype:
+        if dtypes_agree and t is not None and t.dtype != x.dtype:
             raise TypeError(
                 f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
             )

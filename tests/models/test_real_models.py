@@ -25,12 +25,12 @@ except Exception as exc:  # noqa: BLE001  (a torchvision built for another torch
 
 MODELS = ["mobilenetv3_large_100", "efficientnet_b0", "convnext_atto"]
 # What each family must have swapped, at the least (a swap that silently stops reaching a family
-# fails here rather than passing on an unchanged model). ConvNeXt's GELU is timm's own module, not
-# nn.GELU, so today only its depthwise convs are reached.
+# fails here rather than passing on an unchanged model); tests/models/test_swap_coverage.py checks
+# every candidate. ConvNeXt's Mlp blocks (timm's GELU after a 1x1 conv) become GELUMlp.
 EXPECTED_SWAPS = {
     "mobilenetv3_large_100": "DepthwiseConv2d",
     "efficientnet_b0": "DepthwiseConv2d",
-    "convnext_atto": "DepthwiseConv2d",
+    "convnext_atto": "GELUMlp",
 }
 
 

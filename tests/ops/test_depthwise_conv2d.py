@@ -52,6 +52,8 @@ EDGE_CASES = [
     (1, 3, 12, 12, 4, 1, 1, "same"),  # even kernel: asymmetric "same" padding
     (2, 5, 9, 11, (2, 4), 1, (2, 1), "same"),  # rectangular even kernel, asymmetric on both axes
     (1, 2, 10, 10, 3, 3, 3, 4),  # padding larger than the kernel's half span
+    (2, 7, 9, 10, 3, 2, 1, (0, 1, 1, 2)),  # four ints (top, bottom, left, right): TF "same", stride 2
+    (1, 5, 8, 7, (3, 5), 1, (2, 1), (2, 0, 3, 1)),  # four ints, rectangular, one side unpadded
 ]
 
 # C a multiple of 8: the channels_last 16-byte vector kernels on CUDA, each compile-time body
@@ -311,6 +313,10 @@ def test_clear_errors() -> None:
             )
     with pytest.raises(ValueError, match=r"channel multiplier"):
         fastops.depthwise_conv2d(x, torch.randn(8, 1, 3, 3))
+    with pytest.raises(
+        ValueError, match=r"expected padding of 4 to be ints >= 0 \(top, bottom, left, right\)"
+    ):
+        fastops.depthwise_conv2d(x, w, padding=(1, 1, -1, 0))
     with pytest.raises(ValueError, match=r"expected weight\.size\(0\) == channels of x \(4\)"):
         fastops.depthwise_conv2d(x, torch.randn(3, 1, 3, 3))
     with pytest.raises(ValueError, match=r"expected bias of shape \(4,\)"):
@@ -370,3 +376,17 @@ def test_cuda_device_mismatch_and_float64() -> None:
         torch.ops.fastops.depthwise_conv2d(x, torch.randn(4, 1, 3, 3), None, [1, 1], [0] * 4, [1, 1])
     with pytest.raises(TypeError, match=r"expected x to be a float32"):
         fastops.depthwise_conv2d(x.double(), torch.randn(4, 1, 3, 3, device="cuda", dtype=torch.float64))
+
+
+def test_autocast_takes_a_low_precision_x_with_fp32_weights() -> None:
+    """In an autocast model a bf16 activation meets fp32 weights; the autocast kernel casts them, so
+    the check before dispatch must not refuse the mismatch (it did, in every timm model)."""
+    x = torch.randn(2, 4, 8, 8).bfloat16()
+    w, b = torch.randn(4, 1, 3, 3), torch.randn(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = fastops.depthwise_conv2d(x, w, b, padding=1)
+        eager = torch.nn.functional.conv2d(x, w, b, padding=1, groups=4)
+    assert ours.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), eager.float(), rtol=2e-2, atol=2e-2)
+    with pytest.raises(TypeError, match=r"expected weight to have the dtype of x \(torch.bfloat16\)"):
+        fastops.depthwise_conv2d(x, w, b, padding=1)  # outside autocast the mismatch is an error

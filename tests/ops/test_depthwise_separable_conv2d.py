@@ -238,3 +238,17 @@ def test_clear_errors() -> None:
         op(x, dw, db, pw, pb[:3], [1, 1], [1, 1, 1, 1], [1, 1])
     with pytest.raises(RuntimeError, match=r"is smaller than the dilated kernel"):
         op(x, dw, db, pw, pb, [1, 1], [0, 0, 0, 0], [7, 7])
+
+
+def test_autocast_takes_a_low_precision_x_with_fp32_weights() -> None:
+    x = torch.randn(2, 4, 8, 8).bfloat16().contiguous(memory_format=torch.channels_last)
+    dw_w, dw_b, pw_w, pw_b = torch.randn(4, 1, 3, 3), torch.randn(4), torch.randn(6, 4, 1, 1), torch.randn(6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = fastops.depthwise_separable_conv2d(x, dw_w, dw_b, pw_w, pw_b, padding=1)
+        eager = torch.nn.functional.conv2d(
+            torch.nn.functional.conv2d(x, dw_w, dw_b, padding=1, groups=4), pw_w, pw_b
+        )
+    assert ours.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(ours.float(), eager.float(), rtol=3e-2, atol=3e-2)
+    with pytest.raises(TypeError, match=r"expected dw_weight to have the dtype of x \(torch.bfloat16\)"):
+        fastops.depthwise_separable_conv2d(x, dw_w, dw_b, pw_w, pw_b, padding=1)
