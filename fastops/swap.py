@@ -18,6 +18,10 @@ class (a user can register rules for their own modules with :func:`register_swap
   ``nn.Conv2d`` and ``act`` a GELU: timm's ``Mlp`` in ViTs and ConvNeXts) -> ``fastops.nn.GELUMlp``,
   same attribute names and state_dict keys, ``fc1`` + ``act`` fused into a ``LinearGELU`` (or a
   ``PointwiseConvGELU``); its dropouts, norm and ``fc2`` are kept as they are.
+* squeeze-excitation blocks: a plain SE block (children ``fc1, act, fc2, gate``, Linear FCs),
+  torchvision's ``SqueezeExcitation`` and timm's ``SEModule`` / ``SqueezeExcite``
+                                                -> ``fastops.nn.SqueezeExcite``, same FC attribute
+                                                   names and state_dict keys (``fastops/nn/squeeze_excite.py``).
 
 Classes fastops does not own (timm's) are recognised by their import path or their structure, never
 by importing their package, and their forward is checked against what the swap assumes on a small

@@ -1,5 +1,5 @@
 """Test-wide setup: deterministic seeds, true fp32 in cuDNN/cuBLAS, our CUDA depthwise kernel in module
-tests, and the `large` marker."""
+tests, and the `large` and `slow` markers."""
 
 from __future__ import annotations
 
@@ -35,12 +35,16 @@ def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("FASTOPS_TEST_LARGE") == "1":
-        return
-    skip_large = pytest.mark.skip(reason="large-tensor test; set FASTOPS_TEST_LARGE=1 to run it")
-    for item in items:
-        if "large" in item.keywords:
-            item.add_marker(skip_large)
+    opt_in = {
+        "large": ("FASTOPS_TEST_LARGE", "large-tensor test; set FASTOPS_TEST_LARGE=1 to run it"),
+        "slow": ("FASTOPS_TEST_SLOW", "minutes on a CPU; set FASTOPS_TEST_SLOW=1 to run it"),
+    }
+    for marker, (variable, reason) in opt_in.items():
+        if os.environ.get(variable) == "1":
+            continue
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -2,7 +2,7 @@
 and :func:`load_model`, which builds whatever ``--model`` names (timm, torchvision, your factory).
 
 It is built from stock modules (nn.Conv2d with groups=C, nn.GELU, nn.Linear + nn.GELU inside
-nn.Sequential, nn.BatchNorm2d); :func:`build_model` with ``fastops=True`` then calls
+nn.Sequential, a plain squeeze-excitation block, nn.BatchNorm2d); :func:`build_model` with ``fastops=True`` then calls
 :func:`fastops.swap_modules`, so the fastops and the stock model start from the same weights for the
 same seed and their state_dicts are interchangeable.
 """
@@ -25,18 +25,22 @@ from fastops.train.config import ConfigError
 
 
 class SqueezeExcite(nn.Module):
-    """Channel gates from the globally pooled features: ``x * sigmoid(W2 gelu(W1 mean_hw(x)))``."""
+    """Channel gates from the globally pooled features: ``x * sigmoid(W2 gelu(W1 mean_hw(x)))``.
+
+    The plain SE block of docs/squeeze_excite.md (children fc1, act, fc2, gate), which
+    swap_modules replaces by fastops.nn.SqueezeExcite (fused pool/scale passes and a one-pass backward).
+    """
 
     def __init__(self, channels: int, reduction: int = 4) -> None:
         super().__init__()
         hidden = max(8, channels // reduction)
-        # Linear -> GELU inside a Sequential: swap_modules fuses the pair into fastops.nn.LinearGELU.
-        self.fc = nn.Sequential(
-            nn.Linear(channels, hidden), nn.GELU(), nn.Linear(hidden, channels), nn.Sigmoid()
-        )
+        self.fc1 = nn.Linear(channels, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, channels)
+        self.gate = nn.Sigmoid()
 
     def forward(self, x: Tensor) -> Tensor:
-        return x * self.fc(x.mean((2, 3)))[:, :, None, None]
+        return x * self.gate(self.fc2(self.act(self.fc1(x.mean((2, 3))))))[:, :, None, None]
 
 
 class SeparableBlock(nn.Module):

@@ -110,7 +110,11 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, data: list, steps: int)
     return torch.tensor(losses)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+# 50 steps of a real model take minutes on two CPU cores (over 15 min for convnext_atto on a loaded
+# machine), so the CPU case is `slow`: it runs with FASTOPS_TEST_SLOW=1; the GPU script runs the CUDA one.
+@pytest.mark.parametrize(
+    "device", [pytest.param(d, marks=pytest.mark.slow) if d == "cpu" else d for d in DEVICES]
+)
 @pytest.mark.parametrize("name", MODELS)
 def test_fifty_steps_follow_stock_loss_curve(name: str, device: str) -> None:
     """50 AdamW steps: the swapped model with FusedAdamW stays as close to stock as stock stays to
