@@ -34,21 +34,26 @@ namespace {
 
 using adam::Decay;
 
-// The per-element update on one vector of opmath values; every member is a broadcast scalar.
+// The per-element update on one vector of opmath values; every member is a broadcast scalar. The
+// flags that vary per call become data (a sign mask, a blend mask) rather than branches, and unscaling
+// (a division, rare) a template argument, so the loop body is straight-line code.
 template <typename M, Decay kDecay, bool kAmsgrad>
 struct AdamMath {
   using V = at::vec::Vectorized<M>;
+  static constexpr bool amsgrad = kAmsgrad;
   V grad_scale, weight_decay, decay_factor, lerp_coeff, beta2, one_minus_beta2, bias_correction2, eps, neg_step_size;
-  bool unscale, maximize, lerp_from_start;
+  V maximize_sign;       // -0.0 with maximize, else +0.0: xor flips the sign exactly as torch's -grad does
+  V lerp_base_is_start;  // all bits set where lerp starts from m (|w| < 0.5), else 0
 
-  // g is updated in place to the unscaled gradient (what is written back when unscale is set).
-  inline void operator()(V& p, V& g, V& m, V& v, V& vmax) const {
-    if (unscale) g = g / grad_scale;
-    V grad = maximize ? V(M(0)) - g : g;
+  // g is updated in place to the unscaled gradient (what is written back when kUnscale).
+  template <bool kUnscale>
+  inline void apply(V& p, V& g, V& m, V& v, V& vmax) const {
+    if constexpr (kUnscale) g = g / grad_scale;
+    V grad = g ^ maximize_sign;
     if constexpr (kDecay == Decay::kL2) grad = at::vec::fmadd(p, weight_decay, grad);
     if constexpr (kDecay == Decay::kDecoupled) p = p * decay_factor;
     // torch's lerp: start + w * (end - start) for |w| < 0.5, else end - (1 - w) * (end - start).
-    m = lerp_from_start ? at::vec::fmadd(lerp_coeff, grad - m, m) : at::vec::fmadd(lerp_coeff, grad - m, grad);
+    m = at::vec::fmadd(lerp_coeff, grad - m, V::blendv(grad, m, lerp_base_is_start));
     v = v * beta2;
     v = v + one_minus_beta2 * grad * grad;
     V second = v;
@@ -70,49 +75,68 @@ struct Pointers {
   T* vmax;  // nullptr without amsgrad
 };
 
-// Runs math over elements [begin, end) of one tensor: full vectors, then one partial vector.
-template <typename T, typename Math>
-void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math& math, bool write_grad) {
-  using M = opmath_t<T>;
-  using MV = at::vec::Vectorized<M>;
+// Runs math over elements [begin, end) of one tensor: full vectors, then one partial vector. The
+// pointers and math are copied to locals first: a vector store may alias any memory (the intrinsic
+// types are may_alias), so anything read through a reference would be reloaded after every store.
+template <typename T, bool kUnscale, typename Math>
+void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math& math_ref) {
+  using MV = at::vec::Vectorized<opmath_t<T>>;
   using TV = at::vec::Vectorized<T>;
   constexpr int64_t width = TV::size();
-  const bool ams = ptr.vmax != nullptr;
-  for (int64_t i = begin; i < end; i += width) {
-    const int64_t count = std::min<int64_t>(width, end - i);
-    auto load = [&](const T* src) { return count == width ? TV::loadu(src + i) : TV::loadu(src + i, count); };
+  const Math math = math_ref;
+  T* const p = ptr.p + begin;
+  T* const g = ptr.g + begin;
+  T* const m = ptr.m + begin;
+  T* const v = ptr.v + begin;
+  T* const vmax = ptr.vmax == nullptr ? nullptr : ptr.vmax + begin;
+  constexpr bool ams = Math::amsgrad;
+  // One vector at offset i; count < width only for the last one (full is a compile-time bool).
+  auto update = [&](auto full, int64_t i, int64_t count) {
+    constexpr bool is_full = decltype(full)::value;
+    auto load = [&](const T* src) {
+      if constexpr (is_full) {
+        return TV::loadu(src + i);
+      } else {
+        return TV::loadu(src + i, count);
+      }
+    };
     auto store = [&](const TV& value, T* dst) {
-      if (count == width) {
+      if constexpr (is_full) {
         value.store(dst + i);
       } else {
         value.store(dst + i, count);
       }
     };
-    const TV p = load(ptr.p), g = load(ptr.g), m = load(ptr.m), v = load(ptr.v);
-    const TV vmax = ams ? load(ptr.vmax) : TV(T(0));
+    const TV pt = load(p), gt = load(g), mt = load(m), vt = load(v);
+    TV xt(T(0));
+    if constexpr (ams) xt = load(vmax);
     if constexpr (is_reduced_float_v<T>) {
-      auto [p0, p1] = at::vec::convert_to_float<T>(p);
-      auto [g0, g1] = at::vec::convert_to_float<T>(g);
-      auto [m0, m1] = at::vec::convert_to_float<T>(m);
-      auto [v0, v1] = at::vec::convert_to_float<T>(v);
-      auto [x0, x1] = at::vec::convert_to_float<T>(vmax);
-      math(p0, g0, m0, v0, x0);
-      math(p1, g1, m1, v1, x1);
-      store(at::vec::convert_from_float<T>(p0, p1), ptr.p);
-      store(at::vec::convert_from_float<T>(m0, m1), ptr.m);
-      store(at::vec::convert_from_float<T>(v0, v1), ptr.v);
-      if (ams) store(at::vec::convert_from_float<T>(x0, x1), ptr.vmax);
-      if (write_grad) store(at::vec::convert_from_float<T>(g0, g1), ptr.g);
+      auto [p0, p1] = at::vec::convert_to_float<T>(pt);
+      auto [g0, g1] = at::vec::convert_to_float<T>(gt);
+      auto [m0, m1] = at::vec::convert_to_float<T>(mt);
+      auto [v0, v1] = at::vec::convert_to_float<T>(vt);
+      auto [x0, x1] = at::vec::convert_to_float<T>(xt);
+      math.template apply<kUnscale>(p0, g0, m0, v0, x0);
+      math.template apply<kUnscale>(p1, g1, m1, v1, x1);
+      store(at::vec::convert_from_float<T>(p0, p1), p);
+      store(at::vec::convert_from_float<T>(m0, m1), m);
+      store(at::vec::convert_from_float<T>(v0, v1), v);
+      if constexpr (ams) store(at::vec::convert_from_float<T>(x0, x1), vmax);
+      if constexpr (kUnscale) store(at::vec::convert_from_float<T>(g0, g1), g);
     } else {
-      MV pm = p, gm = g, mm = m, vm = v, xm = vmax;
-      math(pm, gm, mm, vm, xm);
-      store(pm, ptr.p);
-      store(mm, ptr.m);
-      store(vm, ptr.v);
-      if (ams) store(xm, ptr.vmax);
-      if (write_grad) store(gm, ptr.g);
+      MV pm = pt, gm = gt, mm = mt, vm = vt, xm = xt;
+      math.template apply<kUnscale>(pm, gm, mm, vm, xm);
+      store(pm, p);
+      store(mm, m);
+      store(vm, v);
+      if constexpr (ams) store(xm, vmax);
+      if constexpr (kUnscale) store(gm, g);
     }
-  }
+  };
+  const int64_t n = end - begin;
+  int64_t i = 0;
+  for (; i + width <= n; i += width) update(std::true_type{}, i, width);
+  if (i < n) update(std::false_type{}, i, n - i);
 }
 
 // Elements per task of at::parallel_for: big enough to amortise a task, small enough that a
@@ -141,19 +165,23 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
   base.decay_factor = V(static_cast<M>(1.0 - h.lr * h.weight_decay));
   // The weight is rounded to opmath first, then the branch and coefficient follow from it, as in torch.
   const M w_m = static_cast<M>(lerp_weight);
-  base.lerp_from_start = std::abs(w_m) < M(0.5);
-  base.lerp_coeff = V(base.lerp_from_start ? w_m : w_m - M(1));
+  const bool lerp_from_start = std::abs(w_m) < M(0.5);
+  base.lerp_coeff = V(lerp_from_start ? w_m : w_m - M(1));
+  base.lerp_base_is_start = lerp_from_start ? V(M(0)) == V(M(0)) : V(M(0));  // == sets every bit
   base.beta2 = V(static_cast<M>(h.beta2));
   base.one_minus_beta2 = V(static_cast<M>(1.0 - h.beta2));
   base.eps = V(static_cast<M>(h.eps));
-  base.unscale = unscale;
-  base.maximize = h.maximize;
+  base.maximize_sign = V(h.maximize ? M(-0.0) : M(0.0));
 
   multi_tensor::parallel_over_tensors(offsets, kGrain, [&](size_t k, int64_t begin, int64_t end) {
     AdamMath<M, kDecay, kAmsgrad> math = base;
     math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
     math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
-    update_range<T>(ptrs[k], begin, end, math, unscale);
+    if (unscale) {
+      update_range<T, true>(ptrs[k], begin, end, math);
+    } else {
+      update_range<T, false>(ptrs[k], begin, end, math);
+    }
   });
 }
 
