@@ -23,7 +23,7 @@ def test_check_flags_only_groups_where_ours_is_slower() -> None:
     failures = common.check_speedups(rows)
     assert [(f.group[0], f.ours, f.baseline) for f in failures] == [("slow", "fastops", "eager")]
     assert abs(failures[0].speedup - 0.8) < 1e-12
-    assert "slow fwd float32 1M: fastops 0.80x eager" == str(failures[0])
+    assert str(failures[0]) == "slow fwd float32 1M: fastops 0.80x eager"
 
 
 def test_check_uses_the_bench_pairs_and_keeps_dtypes_apart() -> None:
