@@ -179,6 +179,7 @@ def main() -> None:
         "depthwise_separable_conv2d",
         cases,
         description=__doc__.splitlines()[0],
+        check_pairs=(("fused", "eager"), ("unfused", "eager")),
         options=options,
         notes=notes,
         summary=summary,

@@ -118,6 +118,7 @@ def main() -> None:
         "fused_adam",
         cases,
         description=__doc__.splitlines()[0],
+        check_pairs=(("fastops", "torch_fused"),),
         options=lambda parser: parser.add_argument(
             "--dtype", default="float32", choices=["float32", "bfloat16"]
         ),

@@ -148,6 +148,7 @@ def main() -> None:
         "train",
         cases,
         description=__doc__.splitlines()[0],
+        check_pairs=(("fastops", "stock"),),
         options=options,
         notes=notes,
         min_time=3.0,

@@ -59,7 +59,50 @@ def base_parser(description: str, devices: Sequence[str] = ("cpu", "cuda")) -> a
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 1 when a fastops path is slower than its baseline (below 1.0x eager); "
+        "a developer's regression check, not a CI gate (shared machines are noisy)",
+    )
     return parser
+
+
+# (ours, baseline) provider pairs that --check compares by default; a bench whose providers are
+# named otherwise (the fused Adam step against torch's fused one) passes its own.
+DEFAULT_CHECK_PAIRS: tuple[tuple[str, str], ...] = (("fastops", "eager"),)
+
+
+@dataclass
+class CheckFailure:
+    """A row group where provider `ours` is slower than `baseline` (speedup < 1)."""
+
+    group: tuple[str, str, str, str]  # case, direction, dtype, size
+    ours: str
+    baseline: str
+    speedup: float  # baseline median / ours median
+
+    def __str__(self) -> str:
+        case, direction, dtype, size = self.group
+        return f"{case} {direction} {dtype} {size}: {self.ours} {self.speedup:.2f}x {self.baseline}"
+
+
+def check_speedups(
+    results: Sequence[Result], pairs: Sequence[tuple[str, str]] = DEFAULT_CHECK_PAIRS, minimum: float = 1.0
+) -> list[CheckFailure]:
+    """Every row group in which a pair's `ours` provider runs at less than `minimum` x the median
+    speed of its `baseline` (both must have been timed in that group)."""
+    groups: dict[tuple[str, str, str, str], dict[str, Result]] = {}
+    for r in results:
+        groups.setdefault((r.case, r.direction, r.dtype, r.size), {})[r.provider] = r
+    failures = []
+    for key, rows in groups.items():
+        for ours, baseline in pairs:
+            if ours in rows and baseline in rows:
+                speedup = rows[baseline].median_ms / rows[ours].median_ms
+                if speedup < minimum:
+                    failures.append(CheckFailure(key, ours, baseline, speedup))
+    return failures
 
 
 def fair_cpu_allocation() -> bool:
@@ -391,6 +434,7 @@ def run_benchmark(
     summary: Callable[[argparse.Namespace, list[Result]], str] | None = None,
     finish: Callable[[list[Result]], list[Result]] | None = None,
     devices: Sequence[str] = ("cpu", "cuda"),
+    check_pairs: Sequence[tuple[str, str]] = DEFAULT_CHECK_PAIRS,
     min_time: float = 1.0,
     quick_min_time: float = 0.3,
     warmup: int = 3,
@@ -408,7 +452,9 @@ def run_benchmark(
     finish may rewrite the rows before they are printed and written; notes(args, rows) is the
     markdown's text; summary(args, rows), when given, is printed at the end instead of the full
     table. A cases generator that yields nothing (a mode that prints instead, e.g. a profile) ends
-    the run before the roofline is measured, and nothing is written. Returns the rows.
+    the run before the roofline is measured, and nothing is written. Under --check, the run then
+    lists every row group where a check_pairs (ours, baseline) pair has ours below 1.0x and exits
+    with status 1 if there is one. Returns the rows.
     """
     parser = base_parser(description, devices)
     if options is not None:
@@ -460,6 +506,15 @@ def run_benchmark(
     csv_path, md_path = write_results(op, device, results, roofline, args.out, args.tag, text)
     print(summary(args, results) if summary is not None else format_table(results, roofline))
     print(f"wrote {csv_path} and {md_path}")
+    if args.check:
+        failures = check_speedups(results, check_pairs)
+        pairs = ", ".join(f"{ours} vs {baseline}" for ours, baseline in check_pairs)
+        if failures:
+            print(f"check FAILED ({pairs}): {len(failures)} row group(s) below 1.0x:")
+            for failure in failures:
+                print(f"  {failure}")
+            sys.exit(1)
+        print(f"check passed ({pairs}): no row group below 1.0x")
     return results
 
 

@@ -151,35 +151,58 @@ constexpr Accuracy accuracy_for() {
 
 // exp(-(hi + lo) / 2) for hi = u*u rounded and lo = u*u - hi exactly, u in [0, 20] (beyond, the
 // result is 0 in fp32). kReduced: e^r of degree 4 (5.3e-6) and no low-part correction of u^2
-// (< 4e-6 at u = 10). AVX-512: our own exp, specialised to this argument: n = round(a / ln2) with
-// a = -hi/2 (exact), r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi is exact
-// for |n| <= 289), e^r = 1 + (r + r^2 P(r)) on |r| <= ln2/2 (P of degree 4: 1.1e-7 relative in fp32
-// arithmetic), and scalef(e^r, n), which rounds correctly into the subnormals and to 0 below them,
-// so no range checks are needed. About 12 instructions against ~20 for Sleef's general expf plus
-// the lo correction. Elsewhere: Sleef's (or the scalar) expf, then a first-order lo correction.
+// (< 4e-6 at u = 10). AVX-512 and AVX2: our own exp, specialised to this argument: n = round(a /
+// ln2) with a = -hi/2 (exact), r = a - n ln2 - lo/2 (Cody-Waite with a 9-bit ln2_hi, so n * ln2_hi
+// is exact for |n| <= 289), e^r by one Horner chain of degree 6 (1.1e-7 relative in fp32
+// arithmetic; its last two steps add r and 1 with single roundings), times 2^n. AVX-512 scales with
+// scalef, which rounds correctly into the subnormals and to 0 below them. AVX2 has no scalef: a is
+// clamped at -174 (e^-174 is 0 in fp32, so the clamp changes no result), n >= -251, and 2^n is
+// applied as two normal powers of two 2^(n/2) whose first product is exact, so the one rounding is
+// the second's, into the subnormals or to 0 as scalef would. About 12 (AVX-512) / 20 (AVX2)
+// instructions, inline, against a call of Sleef's general expf (~45 on AVX2) plus the lo
+// correction. The DEFAULT build: Sleef's (or the scalar) expf, then a first-order lo correction.
 // Our own fits (weighted least squares towards minimax, float64).
 template <Accuracy kAcc>
 inline FVec gauss(const FVec& u) {
   const FVec hi = u * u;
-  const FVec a = hi * FVec(-0.5f);
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #if defined(CPU_CAPABILITY_AVX512)
+  const FVec a = hi * FVec(-0.5f);
   const FVec n(_mm512_roundscale_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  const FVec a = at::vec::maximum(hi * FVec(-0.5f), FVec(-174.0f));
+  const FVec n(_mm256_round_ps(a * FVec(1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
   FVec r = fnmadd(n, FVec(0.693359375f), a);
   r = fnmadd(n, FVec(-2.12194440e-4f), r);
-  FVec p;
+  FVec er;
   if constexpr (kAcc == Accuracy::kFull) {
     r = at::vec::fmadd(square_low(u, hi), FVec(-0.5f), r);  // - lo/2, lo = u*u - hi exactly
-    p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
+    FVec p = at::vec::fmadd(FVec(1.3814610429e-03f), r, FVec(8.3687100559e-03f));
     p = at::vec::fmadd(p, r, FVec(4.1668388993e-02f));
     p = at::vec::fmadd(p, r, FVec(1.6666521132e-01f));
     p = at::vec::fmadd(p, r, FVec(4.9999994040e-01f));
+    p = at::vec::fmadd(p, r, FVec(1.0f));
+    er = at::vec::fmadd(p, r, FVec(1.0f));
   } else {
-    p = at::vec::fmadd(FVec(4.1277728975e-02f), r, FVec(1.6753514111e-01f));
+    FVec p = at::vec::fmadd(FVec(4.1277728975e-02f), r, FVec(1.6753514111e-01f));
     p = at::vec::fmadd(p, r, FVec(5.0005114079e-01f));
+    p = at::vec::fmadd(p, r, FVec(1.0f));
+    er = at::vec::fmadd(p, r, FVec(1.0f));
   }
-  const FVec er = at::vec::fmadd(r * r, p, r) + FVec(1.0f);
+#if defined(CPU_CAPABILITY_AVX512)
   return FVec(_mm512_scalef_ps(er, n));
 #else
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  const auto pow2 = [](__m256i k) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+  };
+  return FVec(_mm256_mul_ps(_mm256_mul_ps(er, pow2(n1)), pow2(n2)));
+#endif
+#else
+  const FVec a = hi * FVec(-0.5f);
   const FVec e = a.exp();
   if constexpr (kAcc == Accuracy::kFull) {
     return at::vec::fmadd(e, square_low(u, hi) * FVec(-0.5f), e);

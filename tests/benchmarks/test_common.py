@@ -1,0 +1,39 @@
+"""benchmarks/common.py's --check: which row groups count as a fastops path below its baseline."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import common
+
+
+def _row(case: str, provider: str, median_ms: float, dtype: torch.dtype = torch.float32) -> common.Result:
+    return common.result_from_times(case, case, "fwd", dtype, "1M", provider, [median_ms], 0, 0.0)
+
+
+def test_check_flags_only_groups_where_ours_is_slower() -> None:
+    rows = [
+        _row("fast", "fastops", 1.0),
+        _row("fast", "eager", 2.0),
+        _row("slow", "fastops", 2.0),
+        _row("slow", "eager", 1.6),
+        _row("slow", "compile", 4.0),  # not a baseline: a slower compile does not hide the loss
+        _row("alone", "fastops", 9.0),  # no baseline timed in this group: nothing to compare
+    ]
+    failures = common.check_speedups(rows)
+    assert [(f.group[0], f.ours, f.baseline) for f in failures] == [("slow", "fastops", "eager")]
+    assert abs(failures[0].speedup - 0.8) < 1e-12
+    assert str(failures[0]) == "slow fwd float32 1M: fastops 0.80x eager"
+
+
+def test_check_uses_the_bench_pairs_and_keeps_dtypes_apart() -> None:
+    rows = [
+        _row("adam", "fastops", 1.0),
+        _row("adam", "torch_fused", 0.9),
+        _row("adam", "eager", 5.0),
+        _row("adam", "fastops", 1.0, torch.bfloat16),
+        _row("adam", "torch_fused", 1.1, torch.bfloat16),
+    ]
+    failures = common.check_speedups(rows, pairs=[("fastops", "torch_fused")])
+    assert [f.group[2] for f in failures] == ["float32"]
+    assert common.check_speedups(rows) == []  # against eager, fastops wins
