@@ -1,18 +1,15 @@
 // depthwise_conv2d's NHWC (channels_last) kernels on the CPU (the math: cpu/depthwise_conv2d.cpp).
 //
 // Forward: one output row (n, oh) per task (NhwcForwardRow, also the depthwise half of the fused
-// depthwise_separable_conv2d). 3/5/7-wide kernels at stride 1 or 2 run the whole row in register
-// row blocks of 8 (4) pixels, weights pre-transposed to [tap][C]; the border blocks and the last
-// partial one skip the padding columns at run time, so a 7-wide row of a 7x7 map is one block.
-// Other kernels: per border pixel the list of in-bounds taps is built once, then the channel loop
-// runs over it with 4 vectors of channels per step; interior pixels in blocks of 4. The input
-// gradient is the same gather seen from the input side (taps whose stride phase matches), one input
-// row per task. The weight gradient splits the N*OH output rows into a fixed number of fixed-size
-// items (a function of the shape only, never of the thread count); each item writes its partial
-// [tap][C] sums to a workspace slot, which the caller adds in item order: deterministic and bitwise
-// repeatable, no atomics, one pass over x and grad_output from memory. Within an item, 3/5/7-wide
-// kernels keep a block of kernel rows' tap sums in registers across a run of output rows (one
-// grad_output load feeds up to 25 independent FMA chains); other widths go tap group by tap group.
+// depthwise_separable_conv2d); per border pixel the list of in-bounds taps is built once, then the
+// channel loop runs over it with 4 vectors of channels per step (weights pre-transposed to
+// [tap][C]); interior pixels go in register blocks along the row (row blocks for 3/5/7-wide kernels
+// at stride 1 or 2, else blocks of 4 pixels). The input gradient is the same gather seen from the
+// input side (taps whose stride phase matches), one input row per task. The weight gradient splits
+// the N*OH output rows into a fixed number of fixed-size items (a function of the shape only, never
+// of the thread count); each item writes its partial [tap][C] sums to a workspace slot, which the
+// caller adds in item order: deterministic and bitwise repeatable, no atomics, one pass over x and
+// grad_output from memory.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -23,7 +20,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <utility>
 #include <vector>
 
 namespace fastops::cpu {
@@ -114,22 +110,14 @@ inline void nhwc_block4(T* out, int64_t out_step, const T* const* src, int64_t s
   }
 }
 
-// The input columns a row block reads: col0 + u for u in [0, S*(P-1) + K) of rows W columns wide.
-// A checked block (the borders and the last, partial block of a row) skips the columns outside
-// [0, W), which are zero padding, and stores only its first `pixels` outputs.
-struct RowBlockColumns {
-  int64_t col0, W, pixels;
-};
-
 // P neighbouring output pixels of one row for a K-wide kernel at column stride S and column
-// dilation 1: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input vector x_r[u] is
-// loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs S*(P-1) + K loads
-// for P*K FMAs (the 4-pixel block below loads P*K). rows[r] points at column 0 of input row r;
-// wrows[r] at that row's K weight vectors ([K][Cp]).
-template <typename T, int K, int S, int P, bool Full, bool Checked>
-inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const RowBlockColumns& cols,
-                             const opmath_t<T>* const* wrows, int64_t nrows, int64_t Cp, const opmath_t<T>* init,
-                             int64_t c, int64_t cnt) {
+// dilation 1, all taps in bounds: out[j] = init + sum_r sum_kw w_r[kw] * x_r[j*S + kw]. Each input
+// vector x_r[u] is loaded once and feeds every (j, kw) with j*S + kw == u, so a row of K taps costs
+// S*(P-1) + K loads for P*K FMAs (the 4-pixel block above loads P*K). rows[r] points at pixel 0's
+// first tap in input row r; wrows[r] at that row's K weight vectors ([K][Cp]).
+template <typename T, int K, int S, int P, bool Full>
+inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                             int64_t Cp, const opmath_t<T>* init, int64_t c, int64_t cnt) {
   using A = opmath_t<T>;
   using V = at::vec::Vectorized<A>;
   constexpr int U = S * (P - 1) + K;
@@ -142,28 +130,23 @@ inline void nhwc_row_block_c(T* out, int64_t C, const T* const* rows, const RowB
     static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
     const T* xr = rows[r] + c;
     static_for<U>([&](auto u) {
-      const int64_t col = cols.col0 + u;
-      if (Checked && (col < 0 || col >= cols.W)) return;
-      const V xv = Full ? load_opmath<T>(xr + col * C) : load_opmath<T>(xr + col * C, cnt);
+      const V xv = Full ? load_opmath<T>(xr + u * C) : load_opmath<T>(xr + u * C, cnt);
       static_for<K>([&](auto kw) {
         constexpr int d = decltype(u)::value - decltype(kw)::value;
         if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
       });
     });
   }
-  static_for<P>([&](auto j) {
-    if (!Checked || j < cols.pixels) store_opmath<T>(out + j * C + c, acc[j], cnt);
-  });
+  static_for<P>([&](auto j) { store_opmath<T>(out + j * C + c, acc[j], cnt); });
 }
 
-template <typename T, int K, int S, int P, bool Checked>
-inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const RowBlockColumns& cols,
-                           const opmath_t<T>* const* wrows, int64_t nrows, int64_t Cp, const opmath_t<T>* init) {
+template <typename T, int K, int S, int P>
+inline void nhwc_row_block(T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows, int64_t nrows,
+                           int64_t Cp, const opmath_t<T>* init) {
   constexpr int64_t L = at::vec::Vectorized<opmath_t<T>>::size();
   int64_t c = 0;
-  for (; c + L <= C; c += L)
-    nhwc_row_block_c<T, K, S, P, true, Checked>(out, C, rows, cols, wrows, nrows, Cp, init, c, L);
-  if (c < C) nhwc_row_block_c<T, K, S, P, false, Checked>(out, C, rows, cols, wrows, nrows, Cp, init, c, C - c);
+  for (; c + L <= C; c += L) nhwc_row_block_c<T, K, S, P, true>(out, C, rows, wrows, nrows, Cp, init, c, L);
+  if (c < C) nhwc_row_block_c<T, K, S, P, false>(out, C, rows, wrows, nrows, Cp, init, c, C - c);
 }
 
 // Pixels per register block: 8 at stride 1, 4 at stride 2 (so 16 vector registers suffice).
@@ -174,17 +157,12 @@ constexpr int64_t row_block_pixels() {
 
 // Runs nhwc_row_block for a runtime (K, S) in {3, 5, 7} x {1, 2}; false when there is no variant.
 template <typename T>
-bool dispatch_row_block(int64_t K, int64_t S, bool checked, T* out, int64_t C, const T* const* rows,
-                        const RowBlockColumns& cols, const opmath_t<T>* const* wrows, int64_t nrows, int64_t Cp,
-                        const opmath_t<T>* init) {
-#define FASTOPS_ROW_BLOCK(KK, SS)                                                                           \
-  if (K == KK && S == SS) {                                                                                 \
-    if (checked) {                                                                                          \
-      nhwc_row_block<T, KK, SS, row_block_pixels<SS>(), true>(out, C, rows, cols, wrows, nrows, Cp, init);  \
-    } else {                                                                                                \
-      nhwc_row_block<T, KK, SS, row_block_pixels<SS>(), false>(out, C, rows, cols, wrows, nrows, Cp, init); \
-    }                                                                                                       \
-    return true;                                                                                            \
+bool dispatch_row_block(int64_t K, int64_t S, T* out, int64_t C, const T* const* rows, const opmath_t<T>* const* wrows,
+                        int64_t nrows, int64_t Cp, const opmath_t<T>* init) {
+#define FASTOPS_ROW_BLOCK(KK, SS)                                                            \
+  if (K == KK && S == SS) {                                                                  \
+    nhwc_row_block<T, KK, SS, row_block_pixels<SS>()>(out, C, rows, wrows, nrows, Cp, init); \
+    return true;                                                                             \
   }
   FASTOPS_ROW_BLOCK(3, 1)
   FASTOPS_ROW_BLOCK(3, 2)
@@ -297,11 +275,10 @@ class NhwcInputGradRow {
       for (; iw + P <= iw_hi_; iw += P) {
         for (int64_t i = 0; i < nkh; ++i) {
           const int64_t oh = (ih + g.pt - khs_[i] * g.dh) / g.sh;
-          scratch_.row_ptr[i] = gb + oh * g.OW * g.C;
+          scratch_.row_ptr[i] = gb + (oh * g.OW + iw + g.pl - (g.KW - 1)) * g.C;
         }
-        const RowBlockColumns cols{iw + g.pl - (g.KW - 1), g.OW, P};
-        dispatch_row_block<T>(g.KW, 1, false, dxrow + iw * g.C, g.C, scratch_.row_ptr.data(), cols,
-                              scratch_.wrow_ptr.data(), nkh, Cp_, nullptr);
+        dispatch_row_block<T>(g.KW, 1, dxrow + iw * g.C, g.C, scratch_.row_ptr.data(), scratch_.wrow_ptr.data(), nkh,
+                              Cp_, nullptr);
       }
     }
     for (; iw + 4 <= iw_hi_; iw += 4) {
@@ -497,90 +474,6 @@ void tap_group_partials(opmath_t<T>* out, int64_t Cp, const T* gp, const T* xp, 
   for (int64_t j = 0; j < nk; ++j) acc[j].store(out + (kh * g.KW + k0 + j) * Cp + c);
 }
 
-// Accumulator registers a register block may use: 32 vector registers on AVX-512, 16 elsewhere,
-// less the grad_output vector and an input vector in flight.
-#if defined(CPU_CAPABILITY_AVX512)
-constexpr int kAccRegisters = 25;
-#else
-constexpr int kAccRegisters = 12;
-#endif
-
-// Kernel rows per register block of a K-wide weight gradient: as many as keep NR*K accumulators in
-// registers, at most K (3x3 whole; 5x5 whole on AVX-512, 2 rows on AVX2; 7x7 3 rows / 1 row).
-template <int K>
-constexpr int wgrad_block_rows() {
-  return std::clamp(kAccRegisters / K, 1, K);
-}
-
-// The K-wide weight gradient of kernel rows [kh_first, kh_first + NR) for the channel vector at c
-// over output rows [r0, r1), every one of which has all NR kernel rows in bounds; acc: tap
-// (kh_first, 0) of the item's partial sums, at c. First the border columns of every row, tap by tap
-// in memory; then the interior columns with the NR*K tap sums in registers for the whole run of
-// rows (read once, written once): one grad_output vector feeds NR*K independent FMA chains, enough
-// to hide the FMA latency (the tap-group path runs 3 chains for a 3-wide kernel). No conditional
-// code touches the register block, so the compiler keeps it in registers. The order of the terms
-// is a function of the shape only.
-template <typename T, int K, int NR, typename Load>
-void wgrad_block_kxk(opmath_t<T>* acc, int64_t Cp, const T* gp, const T* xp, const DepthwiseGeometry& g, int64_t r0,
-                     int64_t r1, int64_t kh_first, int64_t ow_lo, int64_t ow_hi, const Load& load) {
-  using V = OpmathVec<T>;
-  const int64_t C = g.C, xstep = g.sw * C, tstep = g.dw * C;
-  auto input_row = [&](int64_t r, int64_t i) {
-    const int64_t ih = (r % g.OH) * g.sh + (kh_first + i) * g.dh - g.pt;
-    return xp + ((r / g.OH) * g.H + ih) * g.W * C;
-  };
-  auto border_column = [&](int64_t r, int64_t ow) {
-    const V gv = load(gp + (r * g.OW + ow) * C);
-    for (int64_t i = 0; i < NR; ++i) {
-      const T* xrow = input_row(r, i);
-      for (int64_t kw = 0; kw < K; ++kw) {
-        const int64_t iw = ow * g.sw + kw * g.dw - g.pl;
-        if (iw < 0 || iw >= g.W) continue;
-        opmath_t<T>* s = acc + (i * K + kw) * Cp;
-        at::vec::fmadd(gv, load(xrow + iw * C), V::loadu(s)).store(s);
-      }
-    }
-  };
-  for (int64_t r = r0; r < r1; ++r) {
-    for (int64_t ow = 0; ow < ow_lo; ++ow) border_column(r, ow);
-    for (int64_t ow = ow_hi; ow < g.OW; ++ow) border_column(r, ow);
-  }
-  if (ow_hi <= ow_lo) return;
-  V a[NR * K];
-  static_for<NR * K>([&](auto i) { a[i] = V::loadu(acc + i * Cp); });  // tap i of the block
-  for (int64_t r = r0; r < r1; ++r) {
-    const T* grow = gp + r * g.OW * C;
-    const T* xr[NR];
-    static_for<NR>([&](auto i) { xr[i] = input_row(r, i) + ow_lo * xstep - g.pl * C; });  // tap 0 of ow_lo
-    for (int64_t o = 0; o < ow_hi - ow_lo; ++o) {
-      const V gv = load(grow + (ow_lo + o) * C);
-      const int64_t x0 = o * xstep;
-      static_for<NR>([&](auto i) {
-        static_for<K>(
-            [&](auto kw) { a[i * K + kw] = at::vec::fmadd(gv, load(xr[i] + x0 + kw * tstep), a[i * K + kw]); });
-      });
-    }
-  }
-  static_for<NR * K>([&](auto i) { a[i].store(acc + i * Cp); });
-}
-
-// Kernel rows [kh0, kh1) of a K-wide kernel in register blocks of wgrad_block_rows<K>() rows.
-template <typename T, int K, typename Load>
-void wgrad_rows_kxk(opmath_t<T>* acc, int64_t Cp, const T* gp, const T* xp, const DepthwiseGeometry& g, int64_t r0,
-                    int64_t r1, int64_t kh0, int64_t kh1, int64_t ow_lo, int64_t ow_hi, const Load& load) {
-  constexpr int NR = wgrad_block_rows<K>();
-  for (int64_t kh = kh0; kh < kh1; kh += NR) {
-    const int64_t nr = std::min<int64_t>(NR, kh1 - kh);
-    opmath_t<T>* a = acc + kh * g.KW * Cp;
-    static_for<NR>([&](auto m) {
-      constexpr int rows = decltype(m)::value + 1;
-      if (nr == rows) wgrad_block_kxk<T, K, rows>(a, Cp, gp, xp, g, r0, r1, kh, ow_lo, ow_hi, load);
-    });
-  }
-}
-
-inline bool has_wgrad_block(int64_t KW) { return KW == 3 || KW == 5 || KW == 7; }
-
 }  // namespace
 
 // ---- NhwcForwardRow ------------------------------------------------------------------------------
@@ -621,31 +514,16 @@ void NhwcForwardRow<T>::run(T* out, const T* xb, int64_t oh, int64_t ow_begin, i
   };
   const int64_t hi = std::min(ow_hi_, ow_end);
   int64_t ow = ow_begin;
-  const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
-  if (row_block_) {
-    for (int64_t kh = kh0; kh < kh1; ++kh) {
-      scratch_.wrow_ptr[kh - kh0] = wp_ + kh * g.KW * Cp_;
-      scratch_.row_ptr[kh - kh0] = xb + (oh * g.sh + kh * g.dh - g.pt) * g.W * g.C;
-    }
-  }
-  if (row_block_ && hi - std::max(ow_lo_, ow_begin) < P) {
-    // No whole interior block (small maps: a 7-wide row of a 7x7 kernel): checked row blocks, which
-    // skip the padding columns, keep the row in registers instead of going pixel by pixel. (Where a
-    // row has interior blocks, its borders go pixel by pixel: measured faster than checked blocks.)
-    for (; ow < ow_end; ow += P) {
-      const bool checked = ow < ow_lo_ || ow + P > hi;
-      const RowBlockColumns cols{ow * g.sw - g.pl, g.W, std::min(P, ow_end - ow)};
-      dispatch_row_block<T>(g.KW, g.sw, checked, at_px(ow), g.C, scratch_.row_ptr.data(), cols,
-                            scratch_.wrow_ptr.data(), kh1 - kh0, Cp_, bp_);
-    }
-    return;
-  }
   for (; ow < std::min(ow_lo_, ow_end); ++ow) pixel(ow);
   if (row_block_) {
+    const int64_t P = g.sw == 1 ? row_block_pixels<1>() : row_block_pixels<2>();
+    for (int64_t kh = kh0; kh < kh1; ++kh) scratch_.wrow_ptr[kh - kh0] = wp_ + kh * g.KW * Cp_;
     for (; ow + P <= hi; ow += P) {
-      const RowBlockColumns cols{ow * g.sw - g.pl, g.W, P};
-      dispatch_row_block<T>(g.KW, g.sw, false, at_px(ow), g.C, scratch_.row_ptr.data(), cols, scratch_.wrow_ptr.data(),
-                            kh1 - kh0, Cp_, bp_);
+      for (int64_t kh = kh0; kh < kh1; ++kh) {
+        scratch_.row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + ow * g.sw - g.pl) * g.C;
+      }
+      dispatch_row_block<T>(g.KW, g.sw, at_px(ow), g.C, scratch_.row_ptr.data(), scratch_.wrow_ptr.data(), kh1 - kh0,
+                            Cp_, bp_);
     }
   }
   for (; ow + 4 <= hi; ow += 4) {
@@ -709,50 +587,16 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   const T* xp = x.const_data_ptr<T>();
   const T* gp = go.const_data_ptr<T>();
   A* wsp = ws.data_ptr<A>();
-  const bool block = has_wgrad_block(g.KW);
-  // Kernel rows [kh0, kh1) in bounds for output row oh.
-  auto rows_in_bounds = [&](int64_t oh) {
-    int64_t kh0 = 0, kh1 = g.KH;
-    while (kh0 < g.KH && oh * g.sh + kh0 * g.dh - g.pt < 0) ++kh0;
-    while (kh1 > kh0 && oh * g.sh + (kh1 - 1) * g.dh - g.pt >= g.H) --kh1;
-    return std::make_pair(kh0, kh1);
-  };
-  // Output columns whose K taps are all in bounds (as in NhwcForwardRow).
-  const int64_t ow_lo = std::min(g.OW, div_up(g.pl, g.sw));
-  const int64_t last = g.W - 1 + g.pl - (g.KW - 1) * g.dw;
-  const int64_t ow_hi = std::max(ow_lo, std::min(g.OW, last >= 0 ? last / g.sw + 1 : 0));
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t r0 = item * rows_per_item, r1 = std::min(total_rows, r0 + rows_per_item);
       A* out = wsp + item * (taps + 1) * Cp;
-      if (block) std::fill(out, out + taps * Cp, A(0));
       for (int64_t c = 0; c < g.C; c += L) {
         const int64_t cnt = std::min(L, g.C - c);
         auto load = [&](const T* ptr) { return cnt == L ? load_opmath<T>(ptr) : load_opmath<T>(ptr, cnt); };
-        if (block) {
-          // Runs of output rows with the same in-bounds kernel rows: all interior rows of an image
-          // form one run, so the accumulators stay in registers across them.
-          for (int64_t ra = r0; ra < r1;) {
-            const auto [kh0, kh1] = rows_in_bounds(ra % g.OH);
-            int64_t rb = ra + 1;
-            while (rb < r1 && rows_in_bounds(rb % g.OH) == std::make_pair(kh0, kh1)) ++rb;
-            switch (g.KW) {
-              case 3:
-                wgrad_rows_kxk<T, 3>(out + c, Cp, gp + c, xp + c, g, ra, rb, kh0, kh1, ow_lo, ow_hi, load);
-                break;
-              case 5:
-                wgrad_rows_kxk<T, 5>(out + c, Cp, gp + c, xp + c, g, ra, rb, kh0, kh1, ow_lo, ow_hi, load);
-                break;
-              default:
-                wgrad_rows_kxk<T, 7>(out + c, Cp, gp + c, xp + c, g, ra, rb, kh0, kh1, ow_lo, ow_hi, load);
-            }
-            ra = rb;
-          }
-        } else {
-          for (int64_t kh = 0; kh < g.KH; ++kh) {
-            for (int64_t k0 = 0; k0 < g.KW; k0 += kTapGroup) {
-              tap_group_partials<T>(out, Cp, gp, xp, g, r0, r1, c, kh, k0, load);
-            }
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          for (int64_t k0 = 0; k0 < g.KW; k0 += kTapGroup) {
+            tap_group_partials<T>(out, Cp, gp, xp, g, r0, r1, c, kh, k0, load);
           }
         }
         V bacc(A(0));
