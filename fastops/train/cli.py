@@ -131,7 +131,32 @@ def compare_table(results: dict[str, dict[str, Any]]) -> str:
     if set(results) == {"fastops", "stock"} and results["stock"]["samples_per_s"]:
         ratio = results["fastops"]["samples_per_s"] / results["stock"]["samples_per_s"]
         rows.append(f"\nfastops / stock throughput: {ratio:.2f}x")
+    busy = busy_machine_note(results)
+    if busy:
+        rows.append(busy)
     return "\n".join(rows)
+
+
+def busy_machine_note(results: dict[str, dict[str, Any]], cpus: int | None = None) -> str | None:
+    """A warning when another job loaded the CPUs while the legs ran, else None.
+
+    The legs run one after the other, so a job that overlaps only one of them skews the ratio (seen:
+    0.35x with a competing job during the fastops leg, 1.05x on the quiet machine just after; both
+    legs' kernels degrade alike under the same load). Each leg records the 1-minute load average
+    before and after it runs (``load_avg``); a leg itself adds at most its own threads.
+    """
+    cpus = cpus or os.cpu_count() or 1
+    loads = {name: s["load_avg"] for name, s in results.items() if s.get("load_avg")}
+    if not loads:
+        return None
+    peak = max(max(pair) for pair in loads.values())
+    if peak <= cpus + 0.5:
+        return None
+    spans = ", ".join(f"{name} {a:.1f} -> {b:.1f}" for name, (a, b) in loads.items())
+    return (
+        f"\nnote: the machine was busy (1-min load average {spans}, on {cpus} CPUs); the legs ran one "
+        "after the other, so their throughputs are not comparable. Rerun on a quiet machine."
+    )
 
 
 def _fit_in_child(cfg: TrainConfig, queue: Any) -> None:
@@ -161,6 +186,14 @@ def _fit_isolated(cfg: TrainConfig) -> dict[str, Any]:
     return payload
 
 
+def _load_average() -> float | None:
+    """The 1-minute load average, where the OS has one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     """Train the fastops and the stock model with the same settings and seed; table + bar chart.
 
@@ -177,7 +210,10 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     for name, use_fastops in (("fastops", True), ("stock", False)):
         sub = cfg.replace(fastops=use_fastops, out_dir=Path(cfg.out_dir) / name)
+        load_before = _load_average()
         results[name] = Trainer.from_config(sub).fit() if info.enabled else _fit_isolated(sub)
+        if load_before is not None:
+            results[name]["load_avg"] = (load_before, _load_average() or load_before)
     if info.is_main:
         table = compare_table(results)
         print(table)

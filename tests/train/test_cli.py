@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 
 import pytest
@@ -254,3 +255,31 @@ def test_an_image_folder_trains_a_library_model(model: str, tmp_path) -> None:
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 * 12 // 4 and summary["test_accuracy"] is None
     assert torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]["fc.weight"].shape[0] == 2
+
+
+def _leg(samples_per_s: float, load: tuple[float, float] | None) -> dict:
+    leg = {
+        "test_accuracy": 0.9,
+        "val_accuracy": 0.9,
+        "train_loss": 0.1,
+        "samples_per_s": samples_per_s,
+        "peak_memory_mb": 100.0,
+        "epochs": 1,
+    }
+    if load is not None:
+        leg["load_avg"] = load
+    return leg
+
+
+def test_compare_table_flags_a_busy_machine() -> None:
+    """--compare runs its legs one after the other: a competing job during one leg skews the ratio, so
+    the table says so instead of printing a ratio that looks like ours."""
+    from fastops.train.cli import busy_machine_note, compare_table
+
+    quiet = {"fastops": _leg(1150, (0.3, 1.9)), "stock": _leg(1100, (1.9, 2.0))}
+    busy = {"fastops": _leg(361, (0.5, 4.8)), "stock": _leg(1021, (4.8, 1.2))}
+    assert busy_machine_note(quiet, cpus=2) is None
+    note = busy_machine_note(busy, cpus=2)
+    assert note is not None and "fastops 0.5 -> 4.8" in note and "not comparable" in note
+    assert "not comparable" in compare_table(busy) or (os.cpu_count() or 1) >= 5
+    assert busy_machine_note({"fastops": _leg(1, None), "stock": _leg(1, None)}, cpus=2) is None
