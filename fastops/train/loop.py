@@ -6,8 +6,8 @@ loss and metric functions get the model's outputs and the whole batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,10 +75,10 @@ def train_step(
     loss_sum = torch.zeros((), device=device)
     metric = torch.zeros((), device=device)
     for i, batch in enumerate(micro_batches):
-        # no_sync on all but the last micro-batch: DDP then only accumulates gradients locally,
-        # and the one all-reduce of the step overlaps with the last micro-batch's backward.
-        sync = i == n - 1 or not hasattr(model, "no_sync")
-        with nullcontext() if sync else model.no_sync():  # type: ignore[operator]
+        # No gradient sync on all but the last micro-batch: DDP and FSDP2 then only accumulate
+        # gradients locally, and the one all-reduce (reduce-scatter) of the step overlaps with the
+        # last micro-batch's backward.
+        with nullcontext() if i == n - 1 else _without_grad_sync(model):
             with autocast():
                 outputs = model(model_inputs(batch))
                 # Divided by n so that the accumulated gradient is that of the mean over all
@@ -101,6 +101,23 @@ def train_step(
     scaler.step(optimizer)
     scaler.update()
     return StepResult(loss_sum, metric)
+
+
+@contextmanager
+def _without_grad_sync(model: nn.Module) -> Iterator[None]:
+    """DDP's ``no_sync()``; for an FSDP2 module, ``set_requires_gradient_sync(False)`` (FSDP2 has no
+    ``no_sync``: it then keeps unsharded gradients until the synced backward); else nothing."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
 
 
 def _tensors(batch: Batch) -> list[Tensor]:

@@ -4,6 +4,7 @@ torch.distributed.checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import tempfile
@@ -37,6 +38,21 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torc
     opt.step()
 
 
+def _accumulated_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The training loop's step on two micro-batches: FSDP2 skips the gradient sync of the first
+    (set_requires_gradient_sync), and the accumulated step must still equal the full batch's."""
+    from fastops.train.loop import train_step
+
+    half = x.shape[0] // 2
+    train_step(
+        model,
+        [(x[:half], y[:half]), (x[half:], y[half:])],
+        optimizer=opt,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        autocast=contextlib.nullcontext,
+    )
+
+
 def _sharded(rank: int):
     from torch.distributed.fsdp import fully_shard
 
@@ -67,7 +83,7 @@ def _fsdp_worker(rank: int, world_size: int, out_dir: str) -> None:
         mine = slice(rank * GLOBAL_BATCH // world_size, (rank + 1) * GLOBAL_BATCH // world_size)
         model, opt = _sharded(rank)
         for x, y in batches[:STEPS]:
-            _step(model, opt, x[mine], y[mine])
+            _accumulated_step(model, opt, x[mine], y[mine])
         state = opt.state[next(model.parameters())]
         assert isinstance(state["exp_avg"], DTensor) and isinstance(state["exp_avg_sq"], DTensor)
         trained = {n: p.full_tensor() for n, p in model.named_parameters()}

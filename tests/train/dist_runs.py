@@ -34,10 +34,10 @@ def main(mode: str, out: Path) -> None:
     fit(_model(), **data, config=cfg, out_dir=out / "split", stop_after_epoch=1)
     torch.manual_seed(123)  # the resumed run restores every RNG from the checkpoint
     fit(_model(seed=5), **data, config=cfg, out_dir=out / "split", resume=out / "split" / "last.pt")
-    # The bundled convnet (BatchNorm) under AMP: bf16 all-gathers, fp32 BatchNorm. Stock modules:
-    # fastops' depthwise conv checks dtypes before autocast casts its weight (bf16 fails on main too).
-    tiny = dict(dataset="synthetic", synthetic_samples=64, image_size=8, width=8, batch_size=16)
-    tiny |= dict(epochs=1, amp="bf16", fastops=False, out_dir=out / "bundled")
+    # The bundled convnet (BatchNorm) with its fastops modules under AMP: bf16 all-gathers, fp32
+    # BatchNorm; two micro-batches per step (FSDP2 skips the gradient sync of the first).
+    tiny = dict(dataset="synthetic", synthetic_samples=64, image_size=8, width=8, batch_size=8)
+    tiny |= dict(epochs=1, amp="bf16", fastops=True, accum_steps=2, out_dir=out / "bundled")
     run(cfg.replace(blocks=(), checkpointing=False, **tiny))  # type: ignore[arg-type]
     distributed.teardown()
 

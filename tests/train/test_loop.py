@@ -196,3 +196,25 @@ def test_blocks_are_found_by_name_class_name_or_class_outermost_only() -> None:
         find_blocks(model, ["layer9"])
     with pytest.raises(ValueError, match="blocks must be a non-empty list"):
         find_blocks(model, "0")
+
+
+def test_accumulation_skips_the_gradient_sync_of_all_but_the_last_micro_batch_under_fsdp2() -> None:
+    """FSDP2 modules have no no_sync(); the step turns their gradient sync off for every micro-batch
+    but the last (and back on, even when a backward raises)."""
+    calls: list[bool] = []
+
+    class FakeFSDP2(nn.Linear):
+        def set_requires_gradient_sync(self, requires: bool) -> None:
+            calls.append(requires)
+
+    model = FakeFSDP2(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(2, 4), torch.randint(0, 3, (2,))) for _ in range(3)]
+    train_step(
+        model,
+        batches,
+        optimizer=opt,
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        autocast=contextlib.nullcontext,
+    )
+    assert calls == [False, True, False, True]  # off/on around micro-batches 1 and 2; 3 syncs
