@@ -107,15 +107,17 @@ def train_step(
 def _without_grad_sync(model: nn.Module) -> Iterator[None]:
     """DDP's ``no_sync()``; for an FSDP2 module, ``set_requires_gradient_sync(False)`` (FSDP2 has no
     ``no_sync``: it then keeps unsharded gradients until the synced backward); else nothing."""
-    if hasattr(model, "no_sync"):
-        with model.no_sync():
+    # Any: DDP and FSDPModule methods, looked up by name (nn.Module's __getattr__ types them as Tensor).
+    wrapped: Any = model
+    if hasattr(wrapped, "no_sync"):
+        with wrapped.no_sync():
             yield
-    elif hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
+    elif hasattr(wrapped, "set_requires_gradient_sync"):
+        wrapped.set_requires_gradient_sync(False)
         try:
             yield
         finally:
-            model.set_requires_gradient_sync(True)
+            wrapped.set_requires_gradient_sync(True)
     else:
         yield
 
