@@ -126,7 +126,8 @@ def test_swap_main_job_model_matches_stock() -> None:
     report = fastops.swap_modules(model)
     kinds = report.counts()
     assert kinds["nn.Conv2d -> fastops.nn.DepthwiseConv2d"] == len(model.blocks)
-    assert kinds["nn.Linear -> fastops.nn.LinearGELU"] == len(model.blocks) + 1  # SE of each block + head
+    assert kinds["fastops.train.model.SqueezeExcite -> fastops.nn.SqueezeExcite"] == len(model.blocks)
+    assert kinds["nn.Linear -> fastops.nn.LinearGELU"] == 1  # the head
     torch.testing.assert_close(model(x), ref, rtol=1e-4, atol=1e-5)
 
 
