@@ -168,11 +168,11 @@ def speedup_table(results: Sequence[common.Result]) -> str:
     return "\n".join(lines)
 
 
-def _load() -> str:
+def _load() -> tuple[float, float, float] | None:
     try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+        return os.getloadavg()
     except (AttributeError, OSError):
-        return "unknown"
+        return None
 
 
 class LoadRecorder:
@@ -180,7 +180,8 @@ class LoadRecorder:
     shared machine a competing job shows up here, and the numbers are only comparable within a run."""
 
     def __init__(self) -> None:
-        self.before = self.after = "unknown"
+        self.before: tuple[float, float, float] | None = None
+        self.after: tuple[float, float, float] | None = None
 
     def wrap(self, cases: Callable[[argparse.Namespace], Iterator[common.BenchCase]]):
         def wrapped(args: argparse.Namespace) -> Iterator[common.BenchCase]:
@@ -189,6 +190,25 @@ class LoadRecorder:
             self.after = _load()
 
         return wrapped
+
+    def text(self, device: str) -> str:
+        def fmt(load: tuple[float, float, float] | None) -> str:
+            return " ".join(f"{x:.2f}" for x in load) if load else "unknown"
+
+        text = f"Load average (1/5/15 min) when the cases started: {fmt(self.before)}; when they ended: {fmt(self.after)}"
+        if device != "cpu":
+            return text + "."
+        text += f" (on {os.cpu_count()} cores)."
+        if self.before and self.before[0] >= 1.0:
+            # Seen on the 2-core machine: mobilenetv3_small_100 bf16 at batch 4 took 6.2 s a step
+            # with 2 threads beside a busy job and 57 ms with 1 thread.
+            text += (
+                " **Busy machine**: another job was running before the first case. With as many torch "
+                "threads as free cores or more, every parallel region can wait for a descheduled "
+                "thread, which costs most to the provider that launches the most ops: compare rows "
+                "within this run only."
+            )
+        return text
 
 
 def notes_for(load: LoadRecorder) -> Callable[[argparse.Namespace, list[common.Result]], str]:
@@ -202,9 +222,8 @@ def notes_for(load: LoadRecorder) -> Callable[[argparse.Namespace, list[common.R
             "torch.compile(model) of each. bfloat16 rows: torch.autocast(device_type, "
             "dtype=torch.bfloat16) around forward and loss. Providers timed interleaved, one step of "
             "each per round, after warm-up; 'vs stock' = stock eager median / provider median.\n\n"
-            f"torch threads: {threads}. Load average (1/5/15 min) at the start of the timed cases: "
-            f"{load.before}; at the end: {load.after}"
-            + (f" (on {os.cpu_count()} cores)." if args.device == "cpu" else ".")
+            f"torch threads: {threads}. "
+            + load.text(args.device)
             + common.allocation_note(args)
             + "\n\n"
             + speedup_table(results)
