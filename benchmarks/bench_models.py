@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -175,19 +176,41 @@ def _load() -> tuple[float, float, float] | None:
         return None
 
 
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall clock, busy CPU seconds of the whole machine from /proc/stat, CPU seconds of this
+    process and its threads), or None off Linux."""
+    try:
+        import resource
+
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (ImportError, OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # user..steal; guest is within user
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.monotonic(), busy, usage.ru_utime + usage.ru_stime
+
+
 class LoadRecorder:
-    """The load average (1/5/15 min) when the cases start and when they end, for the notes: on a
-    shared machine a competing job shows up here, and the numbers are only comparable within a run."""
+    """What else ran on the machine while the cases were timed, for the notes: the load average
+    (1/5/15 min) at the start and the end, and the cores other processes kept busy on average
+    during the cases (the machine's busy CPU time from /proc/stat less this process's own). On a
+    shared machine a competing job shows up here; the numbers are then comparable within a run only."""
 
     def __init__(self) -> None:
         self.before: tuple[float, float, float] | None = None
         self.after: tuple[float, float, float] | None = None
+        self.others_cores: float | None = None
 
     def wrap(self, cases: Callable[[argparse.Namespace], Iterator[common.BenchCase]]):
         def wrapped(args: argparse.Namespace) -> Iterator[common.BenchCase]:
-            self.before = _load()
+            self.before, start = _load(), _cpu_seconds()
             yield from cases(args)
-            self.after = _load()
+            self.after, end = _load(), _cpu_seconds()
+            if start and end and end[0] > start[0]:
+                others = (end[1] - start[1]) - (end[2] - start[2])
+                self.others_cores = max(0.0, others / (end[0] - start[0]))
 
         return wrapped
 
@@ -195,19 +218,23 @@ class LoadRecorder:
         def fmt(load: tuple[float, float, float] | None) -> str:
             return " ".join(f"{x:.2f}" for x in load) if load else "unknown"
 
-        text = f"Load average (1/5/15 min) when the cases started: {fmt(self.before)}; when they ended: {fmt(self.after)}"
+        text = (
+            f"Load average (1/5/15 min) when the cases started: {fmt(self.before)}; when they "
+            f"ended: {fmt(self.after)}"
+        )
         if device != "cpu":
             return text + "."
         text += f" (on {os.cpu_count()} cores)."
-        if self.before and self.before[0] >= 1.0:
-            # Seen on the 2-core machine: mobilenetv3_small_100 bf16 at batch 4 took 6.2 s a step
-            # with 2 threads beside a busy job and 57 ms with 1 thread.
-            text += (
-                " **Busy machine**: another job was running before the first case. With as many torch "
-                "threads as free cores or more, every parallel region can wait for a descheduled "
-                "thread, which costs most to the provider that launches the most ops: compare rows "
-                "within this run only."
-            )
+        if self.others_cores is not None:
+            text += f" Other processes kept {self.others_cores:.2f} cores busy on average during the cases."
+            if self.others_cores >= 0.25:
+                # Seen on the 2-core machine: mobilenetv3_small_100 bf16 at batch 4 took 6.2 s a
+                # step with 2 threads beside a busy job and 57 ms with 1 thread.
+                text += (
+                    " **Busy machine**: with as many torch threads as free cores or more, every "
+                    "parallel region can wait for a descheduled thread, which costs most to the "
+                    "provider that launches the most ops: compare rows within this run only."
+                )
         return text
 
 
