@@ -252,7 +252,8 @@ class LoadRecorder:
         if self.others_cores is not None:
             text += (
                 f" Other processes kept {self.others_cores:.2f} cores busy on average during the cases "
-                "(per case: column others_cores of the CSV)."
+                "(per case: column others_cores of the CSV; it counts torch.compile's worker "
+                "processes too, which compile during the compiled providers' warm-up)."
             )
             worst = max((v for v in self.per_case.values() if v is not None), default=0.0)
             if max(self.others_cores, worst) >= 0.25:
