@@ -15,7 +15,7 @@ time of one step goes, per op, for both providers.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -50,18 +50,48 @@ def make_step(provider: str, config: str, device: str, compiled: bool, amp_mode:
         model = ConvNet(
             spec["in_channels"], num_classes, spec["image_size"], width=spec["width"], dropout=0.1
         )
-    if provider == "fastops":
+    return training_step(
+        model,
+        fastops=provider == "fastops",
+        device=device,
+        compiled=compiled,
+        amp_mode=amp_mode,
+        memory_format=memory_format,
+        batch_size=spec["batch_size"],
+        image_size=spec["image_size"],
+        in_channels=spec["in_channels"],
+        num_classes=num_classes,
+    )
+
+
+def training_step(
+    model: torch.nn.Module,
+    *,
+    fastops: bool,
+    device: str,
+    compiled: bool,
+    amp_mode: str,
+    memory_format: torch.memory_format,
+    batch_size: int,
+    image_size: int,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+) -> Callable[[], None]:
+    """One timed call of a training benchmark: a full optimizer step of fastops.train.train_step on a
+    fixed random batch. ``fastops`` swaps the model's modules (fastops.swap_modules) and optimizes
+    with FusedAdamW; otherwise the model stays stock with torch.optim.AdamW (foreach, torch's
+    default). Both come from fastops.train's make_optimizer, so the hyperparameters and parameter
+    groups are the trainer's. ``compiled`` wraps the model in torch.compile (after the swap, as the
+    trainer does). The batch is drawn from a fixed seed: every provider sees the same one."""
+    if fastops:
         swap_modules(model)
     model = model.to(device, memory_format=memory_format).train()
-    cfg = TrainConfig(fastops=provider == "fastops")
-    optimizer = make_optimizer(model, cfg)
+    optimizer = make_optimizer(model, TrainConfig(fastops=fastops))
     runner = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(
-        spec["batch_size"], spec["in_channels"], spec["image_size"], spec["image_size"], generator=g
-    )
+    x = torch.randn(batch_size, in_channels, image_size, image_size, generator=g)
     x = x.to(device).contiguous(memory_format=memory_format)
-    y = torch.randint(0, num_classes, (spec["batch_size"],), generator=g).to(device)
+    y = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
     dev = torch.device(device)
     scaler = amp.make_scaler(amp_mode, dev)
 

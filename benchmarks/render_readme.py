@@ -36,6 +36,27 @@ def _read(path: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
     return header, list(csv.DictReader(table_lines))
 
 
+def _pairs(ours_name: str, times: dict[str, float]) -> list[tuple[str, str]]:
+    """The (ours, other) provider pairs of one case. A file may time variants of every provider
+    (bench_models: ``stock`` / ``fastops`` eager, ``stock_compile`` / ``fastops_compile``): a provider
+    ``<ours>_<variant>`` is compared with the others of the same ``_<variant>`` suffix, and ours
+    with the providers that are no variant of another, so compiled fastops meets compiled stock,
+    not eager stock."""
+    variants = {p.removeprefix(ours_name) for p in times if p.startswith(ours_name + "_")}
+    pairs = []
+    for ours_suffix in ["", *sorted(variants)]:
+        ours = ours_name + ours_suffix
+        if ours not in times:
+            continue
+        for other in times:
+            if other == ours or other.startswith(ours_name):
+                continue
+            suffix = next((v for v in variants if other.endswith(v)), "")
+            if suffix == ours_suffix:
+                pairs.append((ours, other))
+    return pairs
+
+
 def headline(path: Path) -> str:
     """One line for one result file: over every case measured, the geometric-mean speedup of ours
     over each other provider (with its range) and the median share of the copy roofline."""
@@ -52,15 +73,14 @@ def headline(path: Path) -> str:
         by_case.setdefault(key, {})[r["provider"]] = float(r["median_ms"])
         if r["provider"] == ours_name:
             roofline.append(float(r["roofline_pct"]))
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[tuple[str, str], list[float]] = {}
     for times in by_case.values():
-        if ours_name in times:
-            for provider, ms in times.items():
-                if provider != ours_name:
-                    ratios.setdefault(provider, []).append(ms / times[ours_name])
+        for ours, other in _pairs(ours_name, times):
+            ratios.setdefault((ours, other), []).append(times[other] / times[ours])
     cells = [
-        f"{p} {_geomean(v):.2f}x ({min(v):.2f}-{max(v):.2f}x)" if len(v) > 1 else f"{p} {v[0]:.2f}x"
-        for p, v in sorted(ratios.items())
+        ("" if ours == ours_name else f"{ours} over ")
+        + (f"{p} {_geomean(v):.2f}x ({min(v):.2f}-{max(v):.2f}x)" if len(v) > 1 else f"{p} {v[0]:.2f}x")
+        for (ours, p), v in sorted(ratios.items(), key=lambda kv: (kv[0][0] != ours_name, kv[0]))
     ]
     roof = sorted(roofline)
     # Training-step files have no byte model (roofline 0): no roofline clause for them.
