@@ -97,10 +97,10 @@ cuda-check: .venv-cuda/.installed
 	.venv-cuda/bin/python -m pip install -q -r requirements-models.txt
 	touch $@
 
-# tests/models, and the CLI's ImageFolder runs of torchvision/timm models, on timm and torchvision, which need a torchvision built for the installed torch: there
-# is none for the CPU torch of the main env, so they run in .venv-cuda (torch 2.14.1 + cu130, on the
-# CPU). FASTOPS_CUDA=0 JIT-builds the CPU kernels only, cached apart from the main env's build (the
-# JIT cache is keyed on the torch version).
+# tests/models, and the CLI's ImageFolder runs of torchvision:/timm: models, need a torchvision built
+# for the installed torch: there is none for the CPU torch of the main env, so they run in .venv-cuda
+# (torch 2.14.1 + cu130, on the CPU). FASTOPS_CUDA=0 JIT-builds the CPU kernels only, cached apart
+# from the main env's build (the JIT cache is keyed on the torch version).
 test-models: .venv-cuda/.models-installed
 	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/models -q
 	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/train/test_cli.py -q -k image_folder
