@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from fastops.nn._twin import share_parameters
 from fastops.ops.squeeze_excite import check_act, check_gate, squeeze_excite
-from fastops.swap import SwapRule, register_swap_rule
+from fastops.swap import SwapRule, register_swap_rule, unsafe_to_replace
 
 _NAME = "nn.SqueezeExcite"
 
@@ -182,8 +182,10 @@ def _fc_skip_reason(name: str, fc: nn.Module, conv: bool) -> str | None:
         return f"{name} is a {type(fc).__name__}, expected exactly nn.{want.__name__}"
     if _has_hooks(fc):
         return f"{name} has forward/backward hooks, which the fused op would not call"
-    if hasattr(fc, "parametrizations") or hasattr(fc, "weight_orig"):
-        return f"{name}'s weight is parametrized or pruned"
+    # The swap's own check: parametrizations, and the state_dict hooks _has_hooks does not look at.
+    reason = unsafe_to_replace(fc)
+    if reason is not None:
+        return f"{name}: {reason}"
     if conv:
         assert isinstance(fc, nn.Conv2d)
         plain = (
@@ -206,7 +208,8 @@ def _act_skip_reason(what: str, module: nn.Module, table: dict[tuple[str, str], 
         return f"{what} GELU(approximate={module.approximate!r}) is not fused (only the erf form)"
     if _has_hooks(module):
         return f"{what} module has hooks, which the fused op would not call"
-    return None
+    reason = unsafe_to_replace(module)
+    return None if reason is None else f"{what} module: {reason}"
 
 
 def _skip_reason(m: nn.Module) -> str | None:

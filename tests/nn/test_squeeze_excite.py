@@ -107,6 +107,15 @@ def test_hooked_fc_is_skipped() -> None:
     assert "fc1 has forward/backward hooks" in report.skipped[0].reason
 
 
+def test_fc_with_a_state_dict_hook_is_skipped() -> None:
+    """The swap's shared check (fastops.swap.unsafe_to_replace) also covers an FC's state_dict hooks."""
+    block = SEBlock(8, 2, nn.ReLU(), nn.Sigmoid())
+    block.fc1._register_state_dict_hook(lambda *a: None)
+    model = nn.Sequential(block)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is SEBlock and "fc1: has state_dict hooks" in report.skipped[0].reason
+
+
 def test_module_construction_and_errors() -> None:
     m = fastops.nn.SqueezeExcite(
         32, 8, "silu", "hardsigmoid", conv=True, fc_names=("conv_reduce", "conv_expand")
