@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 
@@ -80,6 +81,17 @@ def report() -> str:
     lines.append("ops (torch.ops.fastops.<name>: devices with a kernel):")
     for name, devices in _op_devices().items():
         lines.append(f"  {name:32s} {', '.join(devices) or 'none'}")
+    import fastops.nn  # noqa: F401  (the module files register their slower regions)
+    from fastops import policy
+
+    slower = policy.describe(ext.cpu_capability)
+    override = os.environ.get(policy.BACKEND_ENV)
+    lines.append(
+        "modules run PyTorch's kernel where it is measured faster (fastops.policy)"
+        + (f"; {policy.BACKEND_ENV}={override} overrides it" if override else "")
+        + (":" if slower else ": no such region on this machine")
+    )
+    lines += [f"  {line}" for line in slower]
     return "\n".join(lines)
 
 

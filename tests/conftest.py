@@ -34,6 +34,13 @@ def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "fastops")
 
 
+@pytest.fixture(autouse=True)
+def _modules_run_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under fastops.policy a module may run torch's kernel where ours is measured slower; the tests
+    # are about our kernels, so every module runs them (tests of the policy itself unset this).
+    monkeypatch.setenv("FASTOPS_BACKEND", "fastops")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     opt_in = {
         "large": ("FASTOPS_TEST_LARGE", "large-tensor test; set FASTOPS_TEST_LARGE=1 to run it"),

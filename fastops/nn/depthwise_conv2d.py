@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fastops import policy
 from fastops.nn._twin import forward_mismatch, share_parameters
 from fastops.ops._validate import int_pair, resolve_padding
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
@@ -81,9 +82,14 @@ class DepthwiseConv2d(nn.Module):
     CUDA input runs the kernel named by ``cuda_backend`` (``None``: :func:`cuda_backend`, which is
     ``"cudnn"``, a fallback to ``F.conv2d``, unless FASTOPS_CUDA_DEPTHWISE=fastops): fastops' CUDA
     weight gradient is still slower than cuDNN's. Set ``module.cuda_backend = "fastops"`` to run ours.
+    On the CPU, ``backend`` (``"auto"``, ``"fastops"`` or ``"torch"``) picks the kernel as
+    :mod:`fastops.policy` says: under ``"auto"``, ``F.conv2d`` runs for the inputs where the
+    benchmarks show it faster than ours.
     """
 
     cuda_backend: str | None = None
+    backend: str = "auto"
+    policy_ops = ("depthwise_conv2d",)  # the ops whose fastops.policy regions this module follows
 
     def __init__(
         self,
@@ -127,7 +133,15 @@ class DepthwiseConv2d(nn.Module):
             return F.conv2d(
                 x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
             )
+        if self._runs_torch(x):
+            return F.conv2d(
+                x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
+            )
         return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+    def _runs_torch(self, x: Tensor) -> bool:
+        """Whether :mod:`fastops.policy` sends this input to ``F.conv2d`` (a measured slower region)."""
+        return policy.runs_torch(self, _OP, x, kernel_size=self.kernel_size, stride=self.stride)
 
     def resolved_cuda_backend(self) -> str:
         """The kernel this module runs on CUDA input: its ``cuda_backend``, else :func:`cuda_backend`."""
@@ -198,7 +212,7 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
         if not (isinstance(x, Tensor) and x.dim() == 4):  # depthwise_conv2d names what was expected
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation)
         top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
-        if x.is_cuda and self.resolved_cuda_backend() == "cudnn":
+        if (x.is_cuda and self.resolved_cuda_backend() == "cudnn") or self._runs_torch(x):
             padded = F.pad(x, (left, right, top, bottom))
             return F.conv2d(padded, self.weight, self.bias, self.stride, 0, self.dilation, self.channels)
         return depthwise_conv2d(

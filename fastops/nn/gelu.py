@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from fastops import policy
 from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
@@ -76,7 +77,12 @@ def _gelu_skip_reason(m: nn.Module) -> str | None:
 
 
 class GELU(nn.Module):
-    """Drop-in for ``torch.nn.GELU``: ``y = gelu(x, approximate)``; see :func:`fastops.gelu`."""
+    """Drop-in for ``torch.nn.GELU``: ``y = gelu(x, approximate)``; see :func:`fastops.gelu`.
+    ``backend``: see :mod:`fastops.policy` (under ``"auto"``, ``F.gelu`` runs where it is measured
+    faster)."""
+
+    backend: str = "auto"
+    policy_ops = ("gelu",)
 
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
@@ -95,6 +101,8 @@ class GELU(nn.Module):
         return cls(approximate)
 
     def forward(self, x: Tensor) -> Tensor:
+        if policy.runs_torch(self, "gelu", x, approximate=self.approximate):
+            return F.gelu(x, approximate=self.approximate)
         return gelu(x, self.approximate)
 
     def extra_repr(self) -> str:
@@ -104,6 +112,9 @@ class GELU(nn.Module):
 class BiasGELU(nn.Module):
     """``y = gelu(x + bias)`` over the last dimension of x, with a learnable ``bias`` of ``features``
     elements (initialised to zero); see :func:`fastops.bias_gelu`."""
+
+    backend: str = "auto"  # see fastops.policy
+    policy_ops = ("bias_gelu",)
 
     def __init__(
         self,
@@ -120,6 +131,8 @@ class BiasGELU(nn.Module):
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
+        if policy.runs_torch(self, "bias_gelu", x, approximate=self.approximate):
+            return F.gelu(x + self.bias.to(x.dtype), approximate=self.approximate)
         return bias_gelu(x, self.bias.to(x.dtype), self.approximate)
 
     def extra_repr(self) -> str:
@@ -135,6 +148,9 @@ class LinearGELU(nn.Module):
     Under autocast the matmul runs in the autocast dtype and the bias is cast to it, as
     ``F.linear`` does; the fused kernel then runs in that dtype.
     """
+
+    backend: str = "auto"  # see fastops.policy
+    policy_ops = ("gelu", "bias_gelu")
 
     def __init__(
         self,
@@ -185,6 +201,10 @@ class LinearGELU(nn.Module):
         return m
 
     def forward(self, x: Tensor) -> Tensor:
+        if policy.runs_torch(
+            self, "gelu" if self.bias is None else "bias_gelu", x, approximate=self.approximate
+        ):
+            return F.gelu(F.linear(x, self.weight, self.bias), approximate=self.approximate)
         y = F.linear(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)
@@ -205,6 +225,9 @@ class PointwiseConvGELU(nn.Module):
     initialised as nn.Conv2d's. The bias+GELU runs on the output viewed channels-last, which is
     free for channels_last input (the conv then writes channels_last); NCHW input costs a copy.
     """
+
+    backend: str = "auto"  # see fastops.policy
+    policy_ops = ("gelu", "bias_gelu")
 
     def __init__(
         self,
@@ -250,6 +273,10 @@ class PointwiseConvGELU(nn.Module):
         return m
 
     def forward(self, x: Tensor) -> Tensor:
+        if policy.runs_torch(
+            self, "gelu" if self.bias is None else "bias_gelu", x, approximate=self.approximate
+        ):
+            return F.gelu(F.conv2d(x, self.weight, self.bias), approximate=self.approximate)
         y = F.conv2d(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)

@@ -15,12 +15,15 @@ The twin keeps the source's FC attribute names and Parameter objects, so state_d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fastops import policy
 from fastops.nn._twin import share_parameters
 from fastops.ops.squeeze_excite import check_act, check_gate, squeeze_excite
 from fastops.swap import SwapRule, register_swap_rule, unsafe_to_replace
@@ -67,6 +70,10 @@ _GATES: dict[tuple[str, str], str] = {
 }
 
 
+_TORCH_ACTS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "silu": F.silu, "gelu": F.gelu}
+_TORCH_GATES: dict[str, Callable[[Tensor], Tensor]] = {"sigmoid": torch.sigmoid, "hardsigmoid": F.hardsigmoid}
+
+
 def _class_key(m: nn.Module) -> tuple[str, str]:
     return type(m).__module__, type(m).__name__
 
@@ -80,7 +87,14 @@ class SqueezeExcite(nn.Module):
     named ``fc_names`` (timm's EfficientNet block calls them ``conv_reduce`` / ``conv_expand``), so
     state_dict keys are those of the block it stands in for. Their weights may be any floating
     dtype: the FCs run in float32 inside the op (float64 for float64 x).
+
+    ``backend`` (``"auto"``, ``"fastops"`` or ``"torch"``) picks the kernels as :mod:`fastops.policy`
+    says: under ``"auto"``, the eager block (mean, the FC modules, ``x * scale``) runs for the inputs
+    where the benchmarks show it faster than ours.
     """
+
+    backend: str = "auto"
+    policy_ops = ("squeeze_excite",)
 
     def __init__(
         self,
@@ -117,6 +131,11 @@ class SqueezeExcite(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         fc1, fc2 = getattr(self, self.fc_names[0]), getattr(self, self.fc_names[1])
+        if policy.runs_torch(self, "squeeze_excite", x):
+            # The stock block, op for op (under autocast too): what this module stands in for.
+            pooled = x.mean((2, 3), keepdim=self.conv)
+            scale = _TORCH_GATES[self.gate](fc2(_TORCH_ACTS[self.act](fc1(pooled))))
+            return x * (scale if self.conv else scale[:, :, None, None])
         # flatten(1): a 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
         return squeeze_excite(
             x, fc1.weight.flatten(1), fc1.bias, fc2.weight.flatten(1), fc2.bias, self.act, self.gate

@@ -1,0 +1,175 @@
+"""Never slower: every module swap_modules puts into a model, against the torch module it replaces.
+
+For each module kind (depthwise conv, squeeze-excite, GELU, Linear+GELU) at the shapes of its own
+bench, both layouts where it has them, fp32 and bf16, inference (forward under no_grad) and training
+(forward + backward to the input and the parameters), three providers timed interleaved:
+
+* ``torch``: the stock module (nn.Conv2d(groups=C), the plain SE block, nn.GELU, Linear -> GELU)
+* ``fastops``: its fastops twin with ``backend="fastops"``: our kernels, always
+* ``auto``: the twin as swap_modules leaves it (``backend="auto"``): our kernels except in the
+  slower regions of fastops.policy, where it runs torch's
+
+``auto`` must never be below 1.0x ``torch`` (``--check`` tests that); where ``fastops`` is below
+1.0x, fastops.policy needs a region there (or the kernel a fix). The twins share the stock module's
+Parameters, as the swap makes them.
+
+    python -m benchmarks.bench_swap_policy [--modules depthwise,squeeze_excite,gelu,linear_gelu]
+        [--dtypes float32,bfloat16] [--batch N] [--threads N] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+from benchmarks import common
+from benchmarks.bench_depthwise_conv2d import CONVNEXT_ATTO, MOBILENET_V2
+from benchmarks.bench_squeeze_excite import SHAPES as SE_SHAPES
+from benchmarks.bench_squeeze_excite import SEBlock
+from fastops import policy
+from fastops.nn import GELU, DepthwiseConv2d, LinearGELU, SqueezeExcite
+
+OP = "swap_policy"
+MODULES = ("depthwise", "squeeze_excite", "gelu", "linear_gelu")
+MODES = ("infer", "train")
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--modules", default=",".join(MODULES), help=f"comma-separated, of {MODULES}")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
+    parser.add_argument("--batch", type=int, default=16, help="batch of the conv / SE inputs")
+    parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
+
+
+def _providers(
+    stock: nn.Module, twin: Callable[[nn.Module], nn.Module], x: torch.Tensor, mode: str
+) -> dict[str, Callable[[], object]]:
+    ours, auto = twin(stock), twin(stock)
+    ours.backend, auto.backend = "fastops", "auto"
+    params = [p for p in stock.parameters()]
+    leaf = x.detach().requires_grad_(mode == "train")
+    g = torch.randn_like(stock(leaf)) if mode == "train" else None
+
+    def call(m: nn.Module) -> Callable[[], object]:
+        if mode == "infer":
+            return lambda: m(leaf)
+        return lambda: torch.autograd.grad(m(leaf), [leaf, *params], g)
+
+    return {"auto": call(auto), "fastops": call(ours), "torch": call(stock)}
+
+
+def _layouts(x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+    yield "nchw", x.contiguous()
+    yield "channels_last", x.contiguous(memory_format=torch.channels_last)
+
+
+def _case(
+    name: str, layout: str, mode: str, dtype: torch.dtype, size: str, providers: dict
+) -> common.BenchCase:
+    return common.BenchCase(
+        f"{name} {layout}".strip(),
+        mode,
+        dtype,
+        size,
+        providers,
+        grad=mode == "train",
+        extra={"layout": layout},
+    )
+
+
+def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
+    # "auto" must mean the policy as users get it, not a backend forced for the whole process.
+    os.environ.pop(policy.BACKEND_ENV, None)
+    device, batch = args.device, args.batch
+    wanted = args.modules.split(",")
+    for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
+        factory = {"device": device, "dtype": dtype}
+        if "depthwise" in wanted:
+            for name, c, h, k, stride in common.select_shapes(MOBILENET_V2 + CONVNEXT_ATTO, args.shapes):
+                conv = nn.Conv2d(c, c, k, stride, k // 2, groups=c, **factory)
+                for layout, x in _layouts(torch.randn(batch, c, h, h, **factory)):
+                    for mode in MODES:
+                        providers = _providers(conv, DepthwiseConv2d.from_torch, x, mode)
+                        yield _case(
+                            name, layout, mode, dtype, f"{batch}x{c}x{h}x{h} k{k} s{stride}", providers
+                        )
+        if "squeeze_excite" in wanted:
+            for name, c, r, side, act, gate in common.select_shapes(SE_SHAPES, args.shapes):
+                block = SEBlock(c, r, act(), gate()).to(**factory)
+                for layout, x in _layouts(torch.randn(batch, c, side, side, **factory)):
+                    for mode in MODES:
+                        providers = _providers(block, SqueezeExcite.from_torch, x, mode)
+                        yield _case(name, layout, mode, dtype, f"{batch}x{c}x{side}x{side}", providers)
+        if "gelu" in wanted:
+            for shape in [(1 << 16,), (1 << 20,), (2048, 3072)]:
+                x = torch.randn(shape, **factory)
+                for mode in MODES:
+                    providers = _providers(nn.GELU(), GELU.from_torch, x, mode)
+                    yield _case("gelu", "", mode, dtype, "x".join(map(str, shape)), providers)
+        if "linear_gelu" in wanted:
+            for tokens, d in [(1024, 192), (1024, 384)]:
+                pair = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU()).to(**factory)
+                x = torch.randn(tokens, d, **factory)
+                for mode in MODES:
+                    providers = _providers(pair, lambda seq: LinearGELU.from_torch(seq[0], seq[1]), x, mode)
+                    yield _case("linear_gelu", "", mode, dtype, f"{tokens}x{d}->{4 * d}", providers)
+
+
+def summary(args: argparse.Namespace, results: list[common.Result]) -> str:
+    """Per row group: fastops and auto against torch; rows where either is below 1.0x are marked."""
+    groups: dict[tuple[str, str, str, str], dict[str, float]] = {}
+    for r in results:
+        groups.setdefault((r.case, r.direction, r.dtype, r.size), {})[r.provider] = r.median_ms
+    lines = [
+        "| case | mode | dtype | size | torch ms | fastops vs torch | auto vs torch | |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    speedups: dict[str, list[float]] = {"fastops": [], "auto": []}
+    for (case, mode, dtype, size), ms in groups.items():
+        row = {p: ms["torch"] / ms[p] for p in ("fastops", "auto")}
+        for p, s in row.items():
+            speedups[p].append(s)
+        mark = "auto < 1" if row["auto"] < 1.0 else ("fastops < 1" if row["fastops"] < 1.0 else "")
+        lines.append(
+            f"| {case} | {mode} | {dtype} | {size} | {ms['torch']:.4f} | {row['fastops']:.2f}x | "
+            f"{row['auto']:.2f}x | {mark} |"
+        )
+    for p, values in speedups.items():
+        if values:
+            geomean = math.exp(sum(math.log(v) for v in values) / len(values))
+            lines.append(f"\n{p} vs torch: geomean {geomean:.2f}x, min {min(values):.2f}x over {len(values)}")
+    return "\n".join(lines)
+
+
+def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
+    regions = policy.describe()
+    return (
+        summary(args, results)
+        + "\n\nSlower regions in force (fastops.policy, this CPU's ISA "
+        + policy.cpu_isa()
+        + "):\n\n"
+        + ("\n".join(f"- {line}" for line in regions) if regions else "- none")
+        + common.allocation_note(args)
+    )
+
+
+def main() -> None:
+    common.run_benchmark(
+        OP,
+        cases,
+        description=__doc__.splitlines()[0],
+        options=options,
+        notes=notes,
+        summary=summary,
+        check_pairs=(("auto", "torch"),),
+        min_time=0.3,
+    )
+
+
+if __name__ == "__main__":
+    main()

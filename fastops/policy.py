@@ -1,0 +1,177 @@
+"""Never slower: where a fastops module runs PyTorch's kernel instead of ours.
+
+A fastops module is there to make a model faster. Where this repository's benchmarks show PyTorch's
+own kernel faster than ours for a kind of input (device, the CPU vector ISA, memory layout, dtype,
+shape, and whether a backward follows), the module runs PyTorch's kernel for that input: a fallback,
+named as one, counted (:func:`fallback_counts`), and never reported as ours. Each such region is a
+:class:`SlowerRegion` with the measurement behind it (``evidence``); :func:`regions` lists them and
+``python -m fastops.info`` prints the ones that apply on this machine.
+
+Which kernel runs, most specific first:
+
+- ``module.backend``: ``"auto"`` (the default: ours, except in a measured slower region),
+  ``"fastops"`` (always ours) or ``"torch"`` (always PyTorch's);
+- the ``FASTOPS_BACKEND`` environment variable, the same three values, for every module whose
+  ``backend`` is ``"auto"`` (``FASTOPS_BACKEND=fastops`` is how the tests and benchmarks time our
+  kernels alone).
+
+The functional ops (``fastops.gelu``, ``fastops.depthwise_conv2d``, ...) always run our kernels: the
+policy is the modules', since a module is what :func:`fastops.swap_modules` puts into a model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+BACKENDS = ("auto", "fastops", "torch")
+BACKEND_ENV = "FASTOPS_BACKEND"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One module call as the policy sees it."""
+
+    op: str
+    device: str  # x.device.type
+    isa: str | None  # the vector ISA of fastops' CPU kernels ("avx512", "avx2"); None off the CPU
+    channels_last: bool
+    dtype: torch.dtype
+    shape: tuple[int, ...]  # x's shape
+    backward: bool  # autograd will run a backward through this call (training)
+    params: dict[str, object] = field(default_factory=dict, compare=False)  # op-specific: kernel, stride
+
+
+@dataclass(frozen=True)
+class SlowerRegion:
+    """A kind of input on which the benchmarks show PyTorch's kernel faster than ours.
+
+    ``when`` decides on the shape and op parameters; the other fields narrow the region (an empty
+    tuple or None: any). ``evidence`` names the results file and the numbers measured there."""
+
+    op: str
+    device: str
+    what: str  # the region in words: "channels_last fp32, output maps up to 14x14, inference"
+    evidence: str
+    when: Callable[[Case], bool] = lambda case: True
+    isas: tuple[str, ...] = ()
+    channels_last: bool | None = None
+    dtypes: tuple[torch.dtype, ...] = ()
+    backward: bool | None = None  # True: training calls only; False: inference calls only
+
+    def covers(self, case: Case) -> bool:
+        return (
+            case.op == self.op
+            and case.device == self.device
+            and (not self.isas or case.isa in self.isas)
+            and (self.channels_last is None or case.channels_last == self.channels_last)
+            and (not self.dtypes or case.dtype in self.dtypes)
+            and (self.backward is None or case.backward == self.backward)
+            and self.when(case)
+        )
+
+
+_REGIONS: list[SlowerRegion] = []
+_FALLBACKS: Counter[str] = Counter()
+
+
+def register_slower_region(region: SlowerRegion) -> None:
+    """Add a region where modules of ``region.op`` run PyTorch's kernel under ``backend="auto"``."""
+    if not isinstance(region, SlowerRegion):
+        raise TypeError(
+            f"fastops.policy.register_slower_region: expected a SlowerRegion, got {type(region).__name__}"
+        )
+    _REGIONS.append(region)
+
+
+def regions(op: str | None = None) -> list[SlowerRegion]:
+    """The registered slower regions (of ``op``, or all)."""
+    return [r for r in _REGIONS if op is None or r.op == op]
+
+
+def fallback_counts() -> Counter[str]:
+    """How many module calls ran PyTorch's kernel because of a slower region, by op (eager calls;
+    calls inside a torch.compile'd graph are decided when it is traced and not counted)."""
+    return Counter(_FALLBACKS)
+
+
+def reset_fallback_counts() -> None:
+    _FALLBACKS.clear()
+
+
+def check_backend(owner: str, backend: object) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"fastops.{owner}: expected backend to be one of {list(BACKENDS)}, got {backend!r}")
+    return backend  # type: ignore[return-value]
+
+
+_CPU_ISA: list[str] = []  # filled once; a plain list, which torch.compile reads as a constant
+
+
+def cpu_isa() -> str:
+    """The vector ISA fastops' CPU kernels run with in this process."""
+    if not _CPU_ISA:
+        from fastops import _extension
+
+        _CPU_ISA.append(_extension.load().cpu_capability)
+    return _CPU_ISA[0]
+
+
+def _channels_last(x: Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
+def runs_torch(module: nn.Module, op: str, x: Tensor, **details: object) -> bool:
+    """Whether ``module`` (a fastops module of op ``op``) runs PyTorch's kernel for input ``x``:
+    its ``backend``, else FASTOPS_BACKEND, else under ``"auto"`` whether a slower region covers the
+    call. A backward follows when x or one of the module's parameters needs a gradient; ``details``
+    are what the op's regions decide on besides x (kernel size, stride, ...)."""
+    backend = str(module.backend)
+    if backend == "auto":
+        backend = os.environ.get(BACKEND_ENV) or "auto"
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"fastops.nn.{type(module).__name__}: {BACKEND_ENV}={backend!r}; expected one of {list(BACKENDS)}"
+            )
+    elif backend not in BACKENDS:
+        check_backend(f"nn.{type(module).__name__}", backend)
+    if backend != "auto":
+        return backend == "torch"
+    if not isinstance(x, Tensor):
+        return False
+    candidates = [r for r in _REGIONS if r.op == op and r.device == x.device.type]
+    if not candidates:
+        return False
+    case = Case(
+        op=op,
+        device=x.device.type,
+        isa=cpu_isa() if x.device.type == "cpu" else None,
+        channels_last=_channels_last(x),
+        dtype=x.dtype,
+        shape=tuple(x.shape),
+        backward=torch.is_grad_enabled()
+        and (x.requires_grad or any(p.requires_grad for p in module.parameters())),
+        params=details,
+    )
+    for region in candidates:
+        if region.covers(case):
+            if not torch.compiler.is_compiling():
+                _FALLBACKS[op] += 1
+            return True
+    return False
+
+
+def describe(isa: str | None = None, op: str | None = None) -> list[str]:
+    """One line per slower region (of ``op``, or all) that applies to this machine's CPU ISA (or
+    ``isa``), and every CUDA region."""
+    isa = isa or cpu_isa()
+    return [
+        f"{r.op} on {r.device}, {r.what}: {r.evidence}"
+        for r in regions(op)
+        if r.device != "cpu" or not r.isas or isa in r.isas
+    ]

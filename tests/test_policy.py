@@ -1,0 +1,190 @@
+"""fastops.policy: modules run torch's kernel in a measured slower region, and only there."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fastops
+from fastops import policy
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d
+from fastops.nn.gelu import GELU, LinearGELU
+from fastops.nn.squeeze_excite import SqueezeExcite
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def auto(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The policy as users get it (conftest makes every module run ours), counters reset."""
+    monkeypatch.delenv(policy.BACKEND_ENV, raising=False)
+    policy.reset_fallback_counts()
+    yield
+    policy.reset_fallback_counts()
+
+
+@pytest.fixture
+def region(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regions registered by the test last for the test only."""
+    monkeypatch.setattr(policy, "_REGIONS", [*policy._REGIONS])
+
+
+def _small_map_region(**narrow: object) -> policy.SlowerRegion:
+    return policy.SlowerRegion(
+        op="depthwise_conv2d",
+        device="cpu",
+        what="test: maps up to 8x8",
+        evidence="test",
+        when=lambda case: case.shape[2] * case.shape[3] <= 64,
+        **narrow,  # type: ignore[arg-type]
+    )
+
+
+def _spy_on_ours(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records each call of the fastops depthwise op the module makes."""
+    calls: list[str] = []
+    import fastops.nn.depthwise_conv2d as module
+
+    real = module.depthwise_conv2d
+
+    def spy(*args: object, **kwargs: object) -> torch.Tensor:
+        calls.append("fastops")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "depthwise_conv2d", spy)
+    return calls
+
+
+def test_module_runs_torch_only_inside_a_region(
+    auto: None, region: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy.register_slower_region(_small_map_region())
+    ours = _spy_on_ours(monkeypatch)
+    m = DepthwiseConv2d(4, 3, padding=1)
+    small, large = torch.randn(2, 4, 8, 8), torch.randn(2, 4, 9, 9)
+    torch.testing.assert_close(m(small), F.conv2d(small, m.weight, m.bias, 1, 1, 1, 4))
+    assert ours == [] and policy.fallback_counts()["depthwise_conv2d"] == 1
+    m(large)
+    assert ours == ["fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 1
+
+
+def test_region_narrows_by_layout_dtype_and_training(
+    auto: None, region: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy.register_slower_region(
+        _small_map_region(channels_last=True, dtypes=(torch.float32,), backward=False)
+    )
+    ours = _spy_on_ours(monkeypatch)
+    m = DepthwiseConv2d(4, 3, padding=1)
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        m(x)  # NCHW: not in the region
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    m(x_cl)  # a backward follows (the weight needs a gradient): training, not in the region
+    assert ours == ["fastops", "fastops"]
+    with torch.no_grad():
+        m(x_cl)
+    assert len(ours) == 2 and policy.fallback_counts()["depthwise_conv2d"] == 1
+    m.requires_grad_(False)
+    m(x_cl)  # nothing needs a gradient: inference
+    assert len(ours) == 2 and policy.fallback_counts()["depthwise_conv2d"] == 2
+    bf16 = policy.Case("depthwise_conv2d", "cpu", "avx512", True, torch.bfloat16, (1, 4, 8, 8), False)
+    assert not policy.regions("depthwise_conv2d")[-1].covers(bf16)
+
+
+def test_backend_overrides(auto: None, region: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    policy.register_slower_region(_small_map_region())
+    ours = _spy_on_ours(monkeypatch)
+    m = DepthwiseConv2d(4, 3, padding=1)
+    small, large = torch.randn(1, 4, 8, 8), torch.randn(1, 4, 16, 16)
+    m.backend = "fastops"
+    m(small)
+    assert ours == ["fastops"]
+    m.backend = "torch"
+    m(large)
+    assert ours == ["fastops"]
+    m.backend = "auto"
+    monkeypatch.setenv(policy.BACKEND_ENV, "fastops")
+    m(small)
+    assert ours == ["fastops", "fastops"]
+    monkeypatch.setenv(policy.BACKEND_ENV, "torch")
+    m(large)
+    assert len(ours) == 2
+    monkeypatch.setenv(policy.BACKEND_ENV, "cudnn")
+    with pytest.raises(ValueError, match=r"nn.DepthwiseConv2d: FASTOPS_BACKEND='cudnn'; expected one of"):
+        m(large)
+    monkeypatch.delenv(policy.BACKEND_ENV)
+    m.backend = "fast"
+    with pytest.raises(ValueError, match=r"nn.DepthwiseConv2d: expected backend to be one of .*'fast'"):
+        m(large)
+
+
+@pytest.mark.parametrize("conv", [False, True])
+def test_squeeze_excite_torch_path_is_the_stock_block(auto: None, conv: bool) -> None:
+    torch.manual_seed(0)
+    m = SqueezeExcite(8, 4, act="silu", gate="hardsigmoid", conv=conv)
+    x = torch.randn(2, 8, 5, 5, requires_grad=True)
+    m.backend = "fastops"
+    ours = m(x)
+    m.backend = "torch"
+    stock = m(x)
+    torch.testing.assert_close(stock, ours, rtol=1e-5, atol=1e-6)
+    (g_stock,) = torch.autograd.grad(stock.sum(), x)
+    (g_ours,) = torch.autograd.grad(ours.sum(), x)
+    torch.testing.assert_close(g_stock, g_ours, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_modules_torch_path(auto: None) -> None:
+    x = torch.randn(3, 16)
+    g = GELU(approximate="tanh")
+    g.backend = "torch"
+    assert torch.equal(g(x), F.gelu(x, approximate="tanh"))
+    lin = LinearGELU(16, 8)
+    lin.backend = "torch"
+    assert torch.equal(lin(x), F.gelu(F.linear(x, lin.weight, lin.bias)))
+
+
+def test_compiled_module_follows_the_region(auto: None, region: None) -> None:
+    policy.register_slower_region(_small_map_region())
+    m = DepthwiseConv2d(4, 3, padding=1)
+    compiled = torch.compile(m, backend="eager")
+    for shape in ((1, 4, 8, 8), (1, 4, 12, 12)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), F.conv2d(x, m.weight, m.bias, 1, 1, 1, 4))
+
+
+def test_registered_regions_cite_results_that_exist() -> None:
+    for r in policy.regions():
+        files = re.findall(r"benchmarks/results/[\w./-]+\.md", r.evidence)
+        assert files, f"{r.op} region {r.what!r} cites no benchmarks/results file"
+        for f in files:
+            assert (REPO / f).is_file(), f"{r.op} region cites {f}, which does not exist"
+
+
+def test_register_rejects_non_regions() -> None:
+    with pytest.raises(TypeError, match="expected a SlowerRegion"):
+        policy.register_slower_region("depthwise small maps")  # type: ignore[arg-type]
+
+
+def test_swapped_model_runs_ours_outside_regions(auto: None, region: None) -> None:
+    # No region covers fp64 input: every swapped module runs our kernels.
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.GELU()).double()
+    fastops.swap_modules(model)
+    model(torch.randn(1, 4, 6, 6, dtype=torch.float64))
+    assert sum(policy.fallback_counts().values()) == 0
+
+
+def test_swap_report_names_the_regions_of_what_it_replaced(region: None) -> None:
+    policy.register_slower_region(_small_map_region())
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.ReLU())
+    report = fastops.swap_modules(model)
+    assert report.torch_fallbacks() == ["depthwise_conv2d on cpu, test: maps up to 8x8: test"]
+    assert "run PyTorch's kernel where it is measured faster" in str(report)
+    gelu_only = fastops.swap_modules(nn.Sequential(nn.GELU()))
+    assert gelu_only.torch_fallbacks() == [r for r in policy.describe(op="gelu")]
