@@ -44,6 +44,8 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=16, help="batch of the conv / SE inputs")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--layouts", default="nchw,channels_last", help="of the conv and SE inputs")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
 
 
 def _providers(
@@ -63,9 +65,11 @@ def _providers(
     return {"auto": call(auto), "fastops": call(ours), "torch": call(stock)}
 
 
-def _layouts(x: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-    yield "nchw", x.contiguous()
-    yield "channels_last", x.contiguous(memory_format=torch.channels_last)
+def _layouts(x: torch.Tensor, wanted: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if "nchw" in wanted.split(","):
+        yield "nchw", x.contiguous()
+    if "channels_last" in wanted.split(","):
+        yield "channels_last", x.contiguous(memory_format=torch.channels_last)
 
 
 def _case(
@@ -86,14 +90,14 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     # "auto" must mean the policy as users get it, not a backend forced for the whole process.
     os.environ.pop(policy.BACKEND_ENV, None)
     device, batch = args.device, args.batch
-    wanted = args.modules.split(",")
+    wanted, modes = args.modules.split(","), args.modes.split(",")
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         factory = {"device": device, "dtype": dtype}
         if "depthwise" in wanted:
             for name, c, h, k, stride in common.select_shapes(MOBILENET_V2 + CONVNEXT_ATTO, args.shapes):
                 conv = nn.Conv2d(c, c, k, stride, k // 2, groups=c, **factory)
-                for layout, x in _layouts(torch.randn(batch, c, h, h, **factory)):
-                    for mode in MODES:
+                for layout, x in _layouts(torch.randn(batch, c, h, h, **factory), args.layouts):
+                    for mode in modes:
                         providers = _providers(conv, DepthwiseConv2d.from_torch, x, mode)
                         yield _case(
                             name, layout, mode, dtype, f"{batch}x{c}x{h}x{h} k{k} s{stride}", providers
@@ -101,21 +105,21 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
         if "squeeze_excite" in wanted:
             for name, c, r, side, act, gate in common.select_shapes(SE_SHAPES, args.shapes):
                 block = SEBlock(c, r, act(), gate()).to(**factory)
-                for layout, x in _layouts(torch.randn(batch, c, side, side, **factory)):
-                    for mode in MODES:
+                for layout, x in _layouts(torch.randn(batch, c, side, side, **factory), args.layouts):
+                    for mode in modes:
                         providers = _providers(block, SqueezeExcite.from_torch, x, mode)
                         yield _case(name, layout, mode, dtype, f"{batch}x{c}x{side}x{side}", providers)
         if "gelu" in wanted:
             for shape in [(1 << 16,), (1 << 20,), (2048, 3072)]:
                 x = torch.randn(shape, **factory)
-                for mode in MODES:
+                for mode in modes:
                     providers = _providers(nn.GELU(), GELU.from_torch, x, mode)
                     yield _case("gelu", "", mode, dtype, "x".join(map(str, shape)), providers)
         if "linear_gelu" in wanted:
             for tokens, d in [(1024, 192), (1024, 384)]:
                 pair = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU()).to(**factory)
                 x = torch.randn(tokens, d, **factory)
-                for mode in MODES:
+                for mode in modes:
                     providers = _providers(pair, lambda seq: LinearGELU.from_torch(seq[0], seq[1]), x, mode)
                     yield _case("linear_gelu", "", mode, dtype, f"{tokens}x{d}->{4 * d}", providers)
 
@@ -148,8 +152,12 @@ def summary(args: argparse.Namespace, results: list[common.Result]) -> str:
 
 def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
     regions = policy.describe()
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (
-        summary(args, results)
+        f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, fastops {policy.cpu_isa()}, "
+        f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA', 'unset')}; load average at the end "
+        f"{load} (1, 5, 15 min).\n\n"
+        + summary(args, results)
         + "\n\nSlower regions in force (fastops.policy, this CPU's ISA "
         + policy.cpu_isa()
         + "):\n\n"

@@ -256,15 +256,18 @@ def interleaved_times(
     """Per-call times in ms of every provider, taken in rounds (one call of each provider per round),
     so load from other jobs on a shared machine falls on all providers alike instead of on whichever
     happened to run during a busy second. Runs at least min_reps rounds, then until min_time seconds
-    per provider have passed, at most max_reps rounds."""
+    per provider have passed, at most max_reps rounds. The order rotates from round to round."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns.items())
     start = time.perf_counter()
     rounds = 0
     while rounds < max_reps and (rounds < min_reps or time.perf_counter() - start < min_time * len(fns)):
-        for name, fn in fns.items():
+        # Each round starts with the next provider, so none always runs first (on caches and
+        # clocks left by another) or always right after the same one.
+        for name, fn in order[rounds % len(order) :] + order[: rounds % len(order)]:
             times[name] += time_ms(fn, device, min_time=0.0, warmup=0, max_reps=1, min_reps=1)
         rounds += 1
     return times

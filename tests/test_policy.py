@@ -31,8 +31,8 @@ def auto(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.fixture
 def region(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Regions registered by the test last for the test only."""
-    monkeypatch.setattr(policy, "_REGIONS", [*policy._REGIONS])
+    """No region but those the test registers, for the test only."""
+    monkeypatch.setattr(policy, "_REGIONS", [])
 
 
 def _small_map_region(**narrow: object) -> policy.SlowerRegion:
@@ -186,5 +186,23 @@ def test_swap_report_names_the_regions_of_what_it_replaced(region: None) -> None
     report = fastops.swap_modules(model)
     assert report.torch_fallbacks() == ["depthwise_conv2d on cpu, test: maps up to 8x8: test"]
     assert "run PyTorch's kernel where it is measured faster" in str(report)
-    gelu_only = fastops.swap_modules(nn.Sequential(nn.GELU()))
-    assert gelu_only.torch_fallbacks() == [r for r in policy.describe(op="gelu")]
+    assert fastops.swap_modules(nn.Sequential(nn.GELU())).torch_fallbacks() == []
+
+
+def _conv_case(isa: str, channels_last: bool, dtype: torch.dtype, training: bool, side: int, k: int, s: int):
+    shape = (16, 96, side, side)
+    params = {"kernel_size": (k, k), "stride": (s, s)}
+    return policy.Case("depthwise_conv2d", "cpu", isa, channels_last, dtype, shape, training, params)
+
+
+def test_registered_depthwise_regions() -> None:
+    def torch_runs(*case_args: object) -> bool:
+        case = _conv_case(*case_args)  # type: ignore[arg-type]
+        return any(r.covers(case) for r in policy.regions("depthwise_conv2d"))
+
+    # Measured (benchmarks/results/swap_policy_cpu_dw_nchw*): oneDNN wins NCHW small maps, ours large.
+    assert torch_runs("avx512", False, torch.float32, False, 14, 3, 1)
+    assert torch_runs("avx512", False, torch.float32, True, 7, 7, 1) is False  # our 7x7 wgrad wins
+    assert not torch_runs("avx512", False, torch.float32, False, 112, 3, 1)
+    assert torch_runs("avx2", False, torch.float32, False, 7, 3, 1)
+    assert not torch_runs("avx2", False, torch.bfloat16, False, 7, 3, 1)  # no oneDNN bf16 on AVX2

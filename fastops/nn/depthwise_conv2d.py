@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -297,3 +297,71 @@ def _replace(conv: nn.Conv2d) -> DepthwiseConv2d:
 register_swap_rule(
     SwapRule("depthwise_conv2d", matches=_is_depthwise, replace=_replace, skip_reason=_skip_reason)
 )
+
+
+# Where F.conv2d (oneDNN) beats our CPU kernels: fastops.policy sends those calls to it. From
+# benchmarks/bench_swap_policy.py, 1 thread, batch 16, the MobileNetV2 / ConvNeXt-atto layer shapes.
+_NCHW_AVX512 = "benchmarks/results/swap_policy_cpu_dw_nchw_threads1.md"
+_NCHW_AVX2 = "benchmarks/results/swap_policy_cpu_dw_nchw_avx2_threads1.md"
+
+
+def _out_side(case: policy.Case) -> int:
+    """The larger side of the output map (padding as "same" would give)."""
+    stride = case.params["stride"]
+    assert isinstance(stride, tuple)
+    return max(-(-case.shape[2] // stride[0]), -(-case.shape[3] // stride[1]))
+
+
+def _kernel(case: policy.Case) -> int:
+    kernel = case.params["kernel_size"]
+    assert isinstance(kernel, tuple)
+    return max(kernel)
+
+
+def _strided(case: policy.Case) -> bool:
+    stride = case.params["stride"]
+    assert isinstance(stride, tuple)
+    return max(stride) > 1
+
+
+def _slower(
+    isa: str,
+    channels_last: bool,
+    dtype: torch.dtype,
+    backward: bool,
+    what: str,
+    evidence: str,
+    when: Callable[[policy.Case], bool],
+) -> None:
+    layout = "channels_last" if channels_last else "NCHW"
+    policy.register_slower_region(
+        policy.SlowerRegion(
+            _OP,
+            "cpu",
+            f"{isa} {layout} {str(dtype).removeprefix('torch.')} {'training' if backward else 'inference'}, {what}",
+            evidence,
+            when,
+            isas=(isa,),
+            channels_last=channels_last,
+            dtypes=(dtype,),
+            backward=backward,
+        )
+    )
+
+
+_fp32, _bf16 = torch.float32, torch.bfloat16
+# fmt: off
+# (ISA, channels_last, dtype, training, the region in words, what was measured there, the region)
+for _region in [
+    ("avx512", False, _fp32, False, "kernels to 5x5, outputs to 14x14", f"{_NCHW_AVX512}: 0.60-0.84x (one 1.10x)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14),
+    ("avx512", False, _fp32, False, "kernels over 5x5, outputs to 28x28", f"{_NCHW_AVX512}: 0.37-0.65x", lambda c: _kernel(c) > 5 and _out_side(c) <= 28),
+    ("avx512", False, _fp32, True, "kernels to 5x5, outputs to 14x14", f"{_NCHW_AVX512}: 0.40-0.96x", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14),
+    ("avx512", False, _bf16, False, "kernels to 5x5, outputs to 28x28 or strided", f"{_NCHW_AVX512}: 0.28-0.98x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 28 or _strided(c))),
+    ("avx512", False, _bf16, False, "kernels over 5x5, outputs to 28x28", f"{_NCHW_AVX512}: 0.31-0.69x", lambda c: _kernel(c) > 5 and _out_side(c) <= 28),
+    ("avx512", False, _bf16, True, "kernels to 5x5, stride 1, outputs to 28x28", f"{_NCHW_AVX512}: 0.27-0.84x", lambda c: _kernel(c) <= 5 and not _strided(c) and _out_side(c) <= 28),
+    ("avx2", False, _fp32, False, "kernels to 5x5, outputs to 7x7 (strided: to 14x14)", f"{_NCHW_AVX2}: 0.73-1.00x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 7 or (_strided(c) and _out_side(c) <= 14))),
+    ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 56x56", f"{_NCHW_AVX2}: 0.22-0.95x", lambda c: _kernel(c) > 5 and _out_side(c) <= 56),
+    ("avx2", False, _fp32, True, "kernels to 5x5, outputs to 7x7 (strided: to 14x14)", f"{_NCHW_AVX2}: 0.66-0.98x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 7 or (_strided(c) and _out_side(c) <= 14))),
+]:
+    _slower(*_region)
+# fmt: on
