@@ -116,11 +116,12 @@ class SqueezeExcite(nn.Module):
         self.add_module(self.fc_names[1], fc2)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc1, fc2 = getattr(self, self.fc_names[0]), getattr(self, self.fc_names[1])
-        # flatten(1): a 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
-        return squeeze_excite(
-            x, fc1.weight.flatten(1), fc1.bias, fc2.weight.flatten(1), fc2.bias, self.act, self.gate
-        )
+        fc1, fc2 = self._modules[self.fc_names[0]], self._modules[self.fc_names[1]]
+        w1, w2 = fc1.weight, fc2.weight
+        if self.conv:
+            # A 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
+            w1, w2 = w1.flatten(1), w2.flatten(1)
+        return squeeze_excite(x, w1, fc1.bias, w2, fc2.bias, self.act, self.gate)
 
     def extra_repr(self) -> str:
         return (
