@@ -261,16 +261,16 @@ class _SqueezeExcite(torch.autograd.Function):
             grad_scale = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad_out, x)
             grad_pre = _gate_backward(grad_scale, pre_gate, scale, ctx.gate)
             if need[3]:
-                grad_w2 = _as(grad_pre.t() @ activated, fc2_weight.dtype)
+                grad_w2 = _as(torch.mm(grad_pre.t(), activated), fc2_weight.dtype)
             if need[4]:
                 grad_b2 = _as(grad_pre.sum(0), ctx.bias_dtypes[1])
-            grad_hidden = _act_backward(grad_pre @ _as(fc2_weight, dtype), hidden, ctx.act)
+            grad_hidden = _act_backward(torch.mm(grad_pre, _as(fc2_weight, dtype)), hidden, ctx.act)
             if need[1]:
-                grad_w1 = _as(grad_hidden.t() @ pooled, fc1_weight.dtype)
+                grad_w1 = _as(torch.mm(grad_hidden.t(), pooled), fc1_weight.dtype)
             if need[2]:
                 grad_b1 = _as(grad_hidden.sum(0), ctx.bias_dtypes[0])
             if need[0]:
-                grad_pool = grad_hidden @ _as(fc1_weight, dtype)
+                grad_pool = torch.mm(grad_hidden, _as(fc1_weight, dtype))
                 grad_x = torch.ops.fastops.squeeze_excite_backward_input.default(grad_out, scale, grad_pool)
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
 
