@@ -9,12 +9,15 @@
 // Layouts (fastops/squeeze_excite.h): NCHW rows of HW per (n, c), or channels_last rows of C per
 // (n, hw); any other input is made contiguous first.
 // Strategy: at::vec in opmath (fp16/bf16 widened to fp32 vectors), at::parallel_for.
-//   NCHW reductions: one task per block of (n, c) rows, four vector accumulators per row.
+//   NCHW reductions: one task per block of (n, c) rows, four vector accumulators per row (a short
+//     row's tail vectors spread over them too).
 //   NHWC reductions: one task per (n, 4-vector channel chunk); the chunk's accumulators stay in
-//     registers while the task walks the HW rows. Either way every (n, c) is summed by one task in a
-//     fixed order, so the result is bitwise the same for any thread count.
-//   Broadcast passes: flat over rows, the per-channel factors (and shifts) loaded as vectors (NHWC) or
-//     splatted once per row (NCHW).
+//     registers while the task walks the HW rows; a chunk of 1 or 2 vectors (C = 16, 32) walks them in
+//     4 or 2 row phases, so four adds are in flight either way. Every (n, c) is summed by one task in
+//     a fixed order, so the result is bitwise the same for any thread count.
+//   Broadcast passes: flat over rows, the per-channel factors (and shifts) loaded as vectors (NHWC;
+//     held in registers for a whole image when C is one or two vectors) or splatted once per row
+//     (NCHW).
 // Bytes per element of x: pool and backward_reduce read 1 (resp. 2) x sizeof(T); scale reads and
 // writes sizeof(T) each; backward_input reads g and writes dx. The (N, C) tensors are noise.
 #include <ATen/Dispatch.h>
@@ -30,6 +33,7 @@
 
 #include <algorithm>
 #include <array>
+#include <vector>
 
 namespace fastops::cpu {
 namespace {
@@ -67,10 +71,57 @@ inline opmath_t<T> row_sum(const T* a, const T* b, int64_t len) {
   for (; i + kUnroll * W <= len; i += kUnroll * W) {
     static_for<kUnroll>([&](auto k) { acc[k] = acc[k] + load_term<T, kProduct>(a, b, i + k * W); });
   }
-  for (; i < len; i += W) {
-    acc[0] = acc[0] + load_term<T, kProduct>(a, b, i, std::min(W, len - i));
-  }
+  // The rest (under kUnroll vectors, the last maybe partial), one vector per accumulator: a short row
+  // (7x7, 14x14 maps) is then kUnroll independent adds, not one chain.
+  static_for<kUnroll>([&](auto k) {
+    const int64_t off = i + k * W;
+    if (off + W <= len) {
+      acc[k] = acc[k] + load_term<T, kProduct>(a, b, off);
+    } else if (off < len) {
+      acc[k] = acc[k] + load_term<T, kProduct>(a, b, off, len - off);
+    }
+  });
   return horizontal_sum<opmath_t<T>>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// One NHWC task's sums over HW rows of C for NV vectors of channels (the last holding `last` lanes,
+// masked when kMasked), into out[0, NV). A chunk narrower than kUnroll vectors (C = 16 or 32) keeps R
+// row phases of accumulators, so kUnroll adds are in flight either way; the phases are added in order.
+template <typename T, bool kProduct, int NV, bool kMasked>
+inline void nhwc_chunk_sums(std::array<OpmathVec<T>, kUnroll>& out, const T* a, const T* b, int64_t HW, int64_t C,
+                            int64_t last) {
+  using MVec = OpmathVec<T>;
+  constexpr int64_t W = MVec::size();
+  constexpr int R = kUnroll / NV > 0 ? kUnroll / NV : 1;
+  std::array<std::array<MVec, NV>, R> acc;
+  for (auto& phase : acc) phase.fill(MVec(0));
+  auto add_row = [&](std::array<MVec, NV>& phase, int64_t o) {
+    static_for<NV>([&](auto k) {
+      if constexpr (kMasked && k + 1 == NV) {
+        phase[k] = phase[k] + load_term<T, kProduct>(a, b, o + k * W, last);
+      } else {
+        phase[k] = phase[k] + load_term<T, kProduct>(a, b, o + k * W);
+      }
+    });
+  };
+  int64_t hw = 0;
+  for (; hw + R <= HW; hw += R) static_for<R>([&](auto p) { add_row(acc[p], (hw + p) * C); });
+  for (; hw < HW; ++hw) add_row(acc[0], hw * C);
+  static_for<NV>([&](auto k) {
+    MVec sum = acc[0][k];
+    static_for<R - 1>([&](auto p) { sum = sum + acc[p + 1][k]; });
+    out[k] = sum;
+  });
+}
+
+template <typename T, bool kProduct, int NV>
+inline void nhwc_chunk_sums(std::array<OpmathVec<T>, kUnroll>& out, const T* a, const T* b, int64_t HW, int64_t C,
+                            int64_t last) {
+  if (last == OpmathVec<T>::size()) {
+    nhwc_chunk_sums<T, kProduct, NV, false>(out, a, b, HW, C, last);
+  } else {
+    nhwc_chunk_sums<T, kProduct, NV, true>(out, a, b, HW, C, last);
+  }
 }
 
 // out[n, c] = sum_hw a (or a * b), divided by HW when kMean; a and b in the layout of `shape`.
@@ -101,20 +152,21 @@ void channel_sums(opmath_t<T>* out, const T* a, const T* b, const SqueezeExciteS
       const T* pa = a + n * HW * C + c0;
       const T* pb = kProduct ? b + n * HW * C + c0 : b;
       std::array<MVec, kUnroll> acc;
-      acc.fill(MVec(0));
-      if (width == kChunk) {
-        for (int64_t hw = 0; hw < HW; ++hw) {
-          const int64_t o = hw * C;
-          static_for<kUnroll>([&](auto k) { acc[k] = acc[k] + load_term<T, kProduct>(pa, pb, o + k * W); });
-        }
-      } else {
-        for (int64_t hw = 0; hw < HW; ++hw) {
-          const int64_t o = hw * C;
-          for (int k = 0; k * W < width; ++k) {
-            const int64_t count = std::min(W, width - k * W);
-            acc[k] = acc[k] + load_term<T, kProduct>(pa, pb, o + k * W, count);
-          }
-        }
+      const int64_t vectors = div_up(width, W), last = width - (vectors - 1) * W;
+      static_assert(kUnroll == 4, "the switch below covers 1 to kUnroll vectors");
+      switch (vectors) {
+        case 1:
+          nhwc_chunk_sums<T, kProduct, 1>(acc, pa, pb, HW, C, last);
+          break;
+        case 2:
+          nhwc_chunk_sums<T, kProduct, 2>(acc, pa, pb, HW, C, last);
+          break;
+        case 3:
+          nhwc_chunk_sums<T, kProduct, 3>(acc, pa, pb, HW, C, last);
+          break;
+        default:
+          nhwc_chunk_sums<T, kProduct, 4>(acc, pa, pb, HW, C, last);
+          break;
       }
       for (int k = 0; k * W < width; ++k) {
         const MVec v = kMean ? acc[k] / MVec(divisor) : acc[k];
@@ -154,20 +206,47 @@ void channel_affine(T* out, const T* a, const opmath_t<T>* s, const opmath_t<T>*
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(C, 1));
-  at::parallel_for(0, N * HW, grain, [&](int64_t begin, int64_t end) {
+  // A narrow C of whole vectors (16 or 32 channels) keeps the image's factors in registers for all its
+  // rows; the loop bounds are locals, so the compiler does not reload them after every store.
+  auto rows_of = [&]<int NV>(std::integral_constant<int, NV>) {
+    at::parallel_for(0, N * HW, grain, [=](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end;) {
+        const int64_t n = r / HW, stop = std::min(end, (n + 1) * HW);
+        std::array<MVec, NV> sv, dv;
+        static_for<NV>([&](auto k) {
+          sv[k] = MVec::loadu(s + n * C + k * W);
+          dv[k] = kShift ? MVec::loadu(d + n * C + k * W) : MVec(M(0));
+        });
+        for (; r < stop; ++r) {
+          static_for<NV>([&](auto k) {
+            const int64_t o = r * C + k * W;
+            store_opmath<T>(out + o, apply(load_opmath<T>(a + o), sv[k], dv[k]), W);
+          });
+        }
+      }
+    });
+  };
+  if (C == W) return rows_of(std::integral_constant<int, 1>{});
+  if (C == 2 * W) return rows_of(std::integral_constant<int, 2>{});
+  at::parallel_for(0, N * HW, grain, [=](int64_t begin, int64_t end) {
+    // The image of row r, stepped along rather than divided out per row.
+    int64_t n = begin / HW, hw = begin % HW;
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = r / HW;
       const M* ps = s + n * C;
       const M* pd = kShift ? d + n * C : d;
       const T* pa = a + r * C;
       T* po = out + r * C;
-      for (int64_t j = 0; j < C; j += W) {
-        const int64_t count = std::min(W, C - j);
-        const MVec sv = count == W ? MVec::loadu(ps + j) : MVec::loadu(ps + j, count);
-        const MVec dv = kShift ? (count == W ? MVec::loadu(pd + j) : MVec::loadu(pd + j, count)) : MVec(M(0));
-        const MVec v = count == W ? load_opmath<T>(pa + j) : load_opmath<T>(pa + j, count);
-        store_opmath<T>(po + j, apply(v, sv, dv), count);
+      int64_t j = 0;
+      for (; j + W <= C; j += W) {
+        const MVec dv = kShift ? MVec::loadu(pd + j) : MVec(M(0));
+        store_opmath<T>(po + j, apply(load_opmath<T>(pa + j), MVec::loadu(ps + j), dv), W);
       }
+      if (j < C) {
+        const int64_t count = C - j;
+        const MVec dv = kShift ? MVec::loadu(pd + j, count) : MVec(M(0));
+        store_opmath<T>(po + j, apply(load_opmath<T>(pa + j, count), MVec::loadu(ps + j, count), dv), count);
+      }
+      if (++hw == HW) hw = 0, ++n;
     }
   });
 }
@@ -234,13 +313,18 @@ at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Te
   at::Tensor dx = at::empty_like(grad);
   if (dx.numel() == 0) return dx;
   const at::Tensor scale = scale_in.contiguous();
-  // The mean's gradient, dp / HW, once per (n, c) (a true division, as eager's mean backward).
-  const at::Tensor shift = grad_pool_in.div(static_cast<double>(shape.HW)).contiguous();
+  const at::Tensor grad_pool = grad_pool_in.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, grad.scalar_type(), "fastops_squeeze_excite_backward_input_cpu", [&] {
         using M = opmath_t<scalar_t>;
+        // The mean's gradient, dp / HW, once per (n, c) (a true division, as eager's mean backward),
+        // here rather than as an ATen op: on a 14x14 map the op's dispatch costs as much as the pass.
+        std::vector<M> shift(static_cast<size_t>(shape.N * shape.C));
+        const M* dp = grad_pool.const_data_ptr<M>();
+        const M hw = static_cast<M>(shape.HW);
+        for (size_t i = 0; i < shift.size(); ++i) shift[i] = dp[i] / hw;
         channel_affine<scalar_t, true>(dx.data_ptr<scalar_t>(), grad.const_data_ptr<scalar_t>(),
-                                       scale.const_data_ptr<M>(), shift.const_data_ptr<M>(), shape);
+                                       scale.const_data_ptr<M>(), shift.data(), shape);
       });
   return dx;
 }

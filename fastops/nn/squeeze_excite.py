@@ -130,16 +130,18 @@ class SqueezeExcite(nn.Module):
         self.add_module(self.fc_names[1], fc2)
 
     def forward(self, x: Tensor) -> Tensor:
-        fc1, fc2 = getattr(self, self.fc_names[0]), getattr(self, self.fc_names[1])
+        fc1: Any = self._modules[self.fc_names[0]]  # nn.Linear or 1x1 nn.Conv2d
+        fc2: Any = self._modules[self.fc_names[1]]
         if policy.runs_torch(self, "squeeze_excite", x):
             # The stock block, op for op (under autocast too): what this module stands in for.
             pooled = x.mean((2, 3), keepdim=self.conv)
             scale = _TORCH_GATES[self.gate](fc2(_TORCH_ACTS[self.act](fc1(pooled))))
             return x * (scale if self.conv else scale[:, :, None, None])
-        # flatten(1): a 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
-        return squeeze_excite(
-            x, fc1.weight.flatten(1), fc1.bias, fc2.weight.flatten(1), fc2.bias, self.act, self.gate
-        )
+        w1, w2 = fc1.weight, fc2.weight
+        if self.conv:
+            # A 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
+            w1, w2 = w1.flatten(1), w2.flatten(1)
+        return squeeze_excite(x, w1, fc1.bias, w2, fc2.bias, self.act, self.gate)
 
     def extra_repr(self) -> str:
         return (

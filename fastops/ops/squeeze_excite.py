@@ -10,8 +10,8 @@ backward of ``x * s`` plus the pool's backward writes ``dx`` twice and adds; our
 
 from __future__ import annotations
 
-import math
-from typing import Any
+import contextlib
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +23,6 @@ from fastops.ops._validate import check_floating, check_tensor, uses_channels_la
 _OP = "squeeze_excite"
 ACTIVATIONS = ("relu", "silu", "gelu")
 GATES = ("sigmoid", "hardsigmoid")
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def check_act(op: str, act: object) -> str:
@@ -147,46 +146,89 @@ def squeeze_excite(
     fc2_bias))[:, :, None, None]`` (see ``fastops.reference.squeeze_excite``).
     """
     _check_inputs(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
-    return _SqueezeExcite.apply(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
+    if torch.is_grad_enabled() and (
+        x.requires_grad
+        or fc1_weight.requires_grad
+        or fc2_weight.requires_grad
+        or (fc1_bias is not None and fc1_bias.requires_grad)
+        or (fc2_bias is not None and fc2_bias.requires_grad)
+    ):
+        return _SqueezeExcite.apply(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
+    # Nothing to differentiate (inference): the same passes without the Function's bookkeeping.
+    with _below_autograd(x):
+        return _block_forward(x, (fc1_weight, fc1_bias, fc2_weight, fc2_bias), act, gate)[0]
 
 
 # ---- the block: forward and its one-reduction, one-write backward -------------------------------
+# The SE maps of MobileNetV3 take 0.1-0.5 ms a call in eager, so the Python around the four passes
+# counts: every (N, C)-sized step below is one ATen call (aten's own backward kernels for act and
+# gate, the forms eager's autograd runs), and nothing is cast, entered or dispatched that the call
+# does not need.
 
-
-def _act_forward(h: Tensor, act: str) -> Tensor:
-    if act == "relu":
-        return torch.relu(h)
-    if act == "silu":
-        return F.silu(h)
-    return F.gelu(h)
+_ACT_FORWARD = {"relu": torch.relu, "silu": torch._C._nn.silu, "gelu": torch._C._nn.gelu}
+_GATE_FORWARD = {"sigmoid": torch.sigmoid, "hardsigmoid": torch._C._nn.hardsigmoid}
+_aten = torch.ops.aten
 
 
 def _act_backward(grad: Tensor, h: Tensor, act: str) -> Tensor:
-    """grad * act'(h), in the form of aten's backward kernels (relu selects, so a NaN or inf grad
-    where h <= 0 gives 0 there, as eager does)."""
+    """grad * act'(h) by aten's backward kernels (relu's selects, so a NaN or inf grad where h <= 0
+    gives 0 there, as eager does)."""
     if act == "relu":
-        return torch.where(h > 0, grad, 0.0)
+        return _aten.threshold_backward.default(grad, h, 0)
     if act == "silu":
-        sig = torch.sigmoid(h)
-        return grad * sig * (1 + h * (1 - sig))
-    cdf = 0.5 * torch.special.erfc(-h * math.sqrt(0.5))
-    return grad * (cdf + h * torch.exp(-0.5 * h * h) * _INV_SQRT_2PI)
-
-
-def _gate_forward(z: Tensor, gate: str) -> Tensor:
-    return torch.sigmoid(z) if gate == "sigmoid" else F.hardsigmoid(z)
+        return _aten.silu_backward.default(grad, h)
+    return _aten.gelu_backward.default(grad, h)
 
 
 def _gate_backward(grad: Tensor, z: Tensor, s: Tensor, gate: str) -> Tensor:
-    """grad * gate'(z) from z and s = gate(z), in aten's forms: sigmoid's grad * (1 - s) * s;
-    hardsigmoid's grad / 6 selected strictly inside (-3, 3), 0 elsewhere (also for a NaN grad)."""
+    """grad * gate'(z) by aten's kernels: sigmoid's from s = gate(z); hardsigmoid's grad / 6 selected
+    strictly inside (-3, 3), 0 elsewhere (also for a NaN grad)."""
     if gate == "sigmoid":
-        return grad * (1 - s) * s
-    return torch.where((z > -3) & (z < 3), grad / 6, 0.0)
+        return _aten.sigmoid_backward.default(grad, s)
+    return _aten.hardsigmoid_backward.default(grad, z)
 
 
-def _linear_in(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    return None if t is None else t.to(dtype)
+@overload
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor: ...
+@overload
+def _as(t: None, dtype: torch.dtype) -> None: ...
+def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _below_autograd(x: Tensor) -> contextlib.AbstractContextManager:
+    """The context the block's steps run in. Eager: below the autograd keys, as torch.library's own
+    autograd kernels redispatch, so each of our four ops skips its Python autograd kernel (about 4 us
+    a call; the block's autograd is the Function's) and each ATen step its autograd wrapper.
+    Autocast off when it is on: the FCs are (N, C)-sized and run in the compute dtype whatever
+    autocast says; the block's policy is "the dtype of x" (the final x * s), with fp32 math
+    inside. Under torch.compile the plain forms, which dynamo traces."""
+    autocast = torch.is_autocast_enabled(x.device.type)
+    if torch.compiler.is_compiling():
+        return (
+            torch.autocast(device_type=x.device.type, enabled=False) if autocast else contextlib.nullcontext()
+        )
+    if autocast:
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch._C._AutoDispatchBelowADInplaceOrView())
+        stack.enter_context(torch.autocast(device_type=x.device.type, enabled=False))
+        return stack
+    return torch._C._AutoDispatchBelowADInplaceOrView()
+
+
+def _block_forward(
+    x: Tensor, fc: tuple[Tensor, Tensor | None, Tensor, Tensor | None], act: str, gate: str
+) -> tuple[Tensor, ...]:
+    """y and the (N, C) / (N, R) intermediates the backward needs, for fc = (fc1_weight, fc1_bias,
+    fc2_weight, fc2_bias); call under _below_autograd."""
+    dtype = _compute_dtype(x)
+    pooled = torch.ops.fastops.squeeze_excite_pool.default(x)
+    hidden = F.linear(pooled, _as(fc[0], dtype), _as(fc[1], dtype))
+    activated = _ACT_FORWARD[act](hidden)
+    pre_gate = F.linear(activated, _as(fc[2], dtype), _as(fc[3], dtype))
+    scale = _GATE_FORWARD[gate](pre_gate)
+    y = torch.ops.fastops.squeeze_excite_scale.default(x, scale)
+    return y, pooled, hidden, activated, pre_gate, scale
 
 
 class _SqueezeExcite(torch.autograd.Function):
@@ -201,17 +243,12 @@ class _SqueezeExcite(torch.autograd.Function):
         act: str,
         gate: str,
     ) -> Tensor:
-        dtype = _compute_dtype(x)
-        pooled = torch.ops.fastops.squeeze_excite_pool.default(x)
-        # The FCs run in the compute dtype whatever autocast says: they are (N, C)-sized, and the
-        # block's policy is "the dtype of x" (the final x * s), with fp32 math inside.
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            hidden = F.linear(pooled, fc1_weight.to(dtype), _linear_in(fc1_bias, dtype))
-            pre_gate = F.linear(_act_forward(hidden, act), fc2_weight.to(dtype), _linear_in(fc2_bias, dtype))
-            scale = _gate_forward(pre_gate, gate)
-        y = torch.ops.fastops.squeeze_excite_scale.default(x, scale)
+        with _below_autograd(x):
+            y, pooled, hidden, activated, pre_gate, scale = _block_forward(
+                x, (fc1_weight, fc1_bias, fc2_weight, fc2_bias), act, gate
+            )
         # x as eager saves it; everything else is (N, C) or (N, R), or a parameter.
-        ctx.save_for_backward(x, fc1_weight, fc2_weight, pooled, hidden, pre_gate, scale)
+        ctx.save_for_backward(x, fc1_weight, fc2_weight, pooled, hidden, activated, pre_gate, scale)
         ctx.act, ctx.gate = act, gate
         ctx.bias_dtypes = (
             None if fc1_bias is None else fc1_bias.dtype,
@@ -222,24 +259,24 @@ class _SqueezeExcite(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, fc1_weight, fc2_weight, pooled, hidden, pre_gate, scale = ctx.saved_tensors
+        x, fc1_weight, fc2_weight, pooled, hidden, activated, pre_gate, scale = ctx.saved_tensors
         need = ctx.needs_input_grad
         dtype = pooled.dtype
         grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
-        grad_scale = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad_out, x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with _below_autograd(x):
+            grad_scale = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad_out, x)
             grad_pre = _gate_backward(grad_scale, pre_gate, scale, ctx.gate)
             if need[3]:
-                grad_w2 = (grad_pre.t() @ _act_forward(hidden, ctx.act)).to(fc2_weight.dtype)
+                grad_w2 = _as(torch.mm(grad_pre.t(), activated), fc2_weight.dtype)
             if need[4]:
-                grad_b2 = grad_pre.sum(0).to(ctx.bias_dtypes[1])
-            grad_hidden = _act_backward(grad_pre @ fc2_weight.to(dtype), hidden, ctx.act)
+                grad_b2 = _as(grad_pre.sum(0), ctx.bias_dtypes[1])
+            grad_hidden = _act_backward(torch.mm(grad_pre, _as(fc2_weight, dtype)), hidden, ctx.act)
             if need[1]:
-                grad_w1 = (grad_hidden.t() @ pooled).to(fc1_weight.dtype)
+                grad_w1 = _as(torch.mm(grad_hidden.t(), pooled), fc1_weight.dtype)
             if need[2]:
-                grad_b1 = grad_hidden.sum(0).to(ctx.bias_dtypes[0])
+                grad_b1 = _as(grad_hidden.sum(0), ctx.bias_dtypes[0])
             if need[0]:
-                grad_pool = grad_hidden @ fc1_weight.to(dtype)
+                grad_pool = torch.mm(grad_hidden, _as(fc1_weight, dtype))
                 grad_x = torch.ops.fastops.squeeze_excite_backward_input.default(grad_out, scale, grad_pool)
         return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
 

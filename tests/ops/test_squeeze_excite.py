@@ -19,7 +19,7 @@ from tests.ops.contract import ContractTests, OpSpec, Sample
 
 COMBOS = list(itertools.product(ACTIVATIONS, GATES))
 # (N, C, H, W): odd sizes, HW = 1, C past one and across the NHWC kernel's 4-vector channel chunk
-# (64 floats on AVX-512) with a tail, long rows, an empty batch.
+# (64 floats on AVX-512) with a tail, C of one and two whole vectors (16, 32), long rows, an empty batch.
 SHAPES = [
     (2, 8, 5, 7),
     (3, 37, 5, 7),
@@ -27,6 +27,7 @@ SHAPES = [
     (2, 64, 1, 1),
     (2, 70, 9, 9),
     (2, 16, 33, 31),
+    (2, 32, 7, 5),
     (0, 8, 4, 4),
 ]
 
