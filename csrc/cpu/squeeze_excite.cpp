@@ -39,6 +39,8 @@ namespace fastops::cpu {
 namespace {
 
 constexpr int kUnroll = 4;
+// NCHW rows shorter than this many vectors take the broadcast passes' flat walk.
+constexpr int64_t kShortRow = 8;
 
 // a[off] (or a[off] * b[off]) as one opmath vector; b is not touched without kProduct.
 template <typename T, bool kProduct>
@@ -191,6 +193,36 @@ void channel_affine(T* out, const T* a, const opmath_t<T>* s, const opmath_t<T>*
       return v * sv;
     }
   };
+  if (!shape.channels_last && HW >= W && HW < kShortRow * W) {
+    // Short rows (7x7, 14x14 maps): a splat, a loop and a masked tail per row cost more than the
+    // row's few vectors. Walk the rows' elements as one flat run of whole vectors instead; with
+    // HW >= W a vector spans at most two rows, so its factors are the two rows' blended by lane.
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / HW);
+    at::parallel_for(0, N * C, grain, [&](int64_t begin, int64_t end) {
+      const MVec lane = MVec::arange(M(0), M(1)), row_len(static_cast<M>(HW));
+      const T* pa = a + begin * HW;
+      T* po = out + begin * HW;
+      const int64_t count = (end - begin) * HW;
+      int64_t r = begin, pos = 0;  // the row of the vector's first lane, and that lane's place in it
+      int64_t i = 0;
+      for (; i + W <= count; i += W) {
+        // Lanes past the row's end belong to row r + 1, which exists whenever such a lane does.
+        const MVec in_row = (MVec(static_cast<M>(pos)) + lane) < row_len;
+        const int64_t next = std::min(r + 1, end - 1);
+        const MVec sv = MVec::blendv(MVec(s[next]), MVec(s[r]), in_row);
+        const MVec dv = kShift ? MVec::blendv(MVec(d[next]), MVec(d[r]), in_row) : MVec(M(0));
+        store_opmath<T>(po + i, apply(load_opmath<T>(pa + i), sv, dv), W);
+        pos += W;
+        if (pos >= HW) pos -= HW, ++r;
+      }
+      if (i < count) {
+        // The last vector lies within row end - 1 (its rows end there).
+        const MVec sv(s[end - 1]), dv(kShift ? d[end - 1] : M(0));
+        store_opmath<T>(po + i, apply(load_opmath<T>(pa + i, count - i), sv, dv), count - i);
+      }
+    });
+    return;
+  }
   if (!shape.channels_last) {
     const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(HW, 1));
     at::parallel_for(0, N * C, grain, [&](int64_t begin, int64_t end) {
@@ -319,10 +351,14 @@ at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Te
         using M = opmath_t<scalar_t>;
         // The mean's gradient, dp / HW, once per (n, c) (a true division, as eager's mean backward),
         // here rather than as an ATen op: on a 14x14 map the op's dispatch costs as much as the pass.
-        std::vector<M> shift(static_cast<size_t>(shape.N * shape.C));
+        const int64_t rows = shape.N * shape.C;
+        std::vector<M> shift(static_cast<size_t>(rows));
         const M* dp = grad_pool.const_data_ptr<M>();
-        const M hw = static_cast<M>(shape.HW);
-        for (size_t i = 0; i < shift.size(); ++i) shift[i] = dp[i] / hw;
+        using MVec = at::vec::Vectorized<M>;
+        const MVec hw(static_cast<M>(shape.HW));
+        int64_t i = 0;
+        for (; i + MVec::size() <= rows; i += MVec::size()) (MVec::loadu(dp + i) / hw).store(shift.data() + i);
+        for (; i < rows; ++i) shift[i] = dp[i] / static_cast<M>(shape.HW);
         channel_affine<scalar_t, true>(dx.data_ptr<scalar_t>(), grad.const_data_ptr<scalar_t>(),
                                        scale.const_data_ptr<M>(), shift.data(), shape);
       });

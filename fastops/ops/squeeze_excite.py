@@ -2,21 +2,20 @@
 one write) are fused kernels; the tiny FCs between them stay ATen GEMMs.
 
 Four registered ops carry the passes (csrc/cpu/squeeze_excite.cpp, csrc/cuda/squeeze_excite.cu); each
-has a fake kernel and its own autograd, so each passes ``torch.library.opcheck`` alone. The block
-joins them in an ``autograd.Function`` because its backward is not the sum of theirs: eager's
-backward of ``x * s`` plus the pool's backward writes ``dx`` twice and adds; ours computes
-``dx = g * s + dpool / HW`` in one pass.
+has a fake kernel and its own autograd, so each passes ``torch.library.opcheck`` alone. The block is
+one more op, ``squeeze_excite``, whose autograd is C++ (csrc/squeeze_excite_block.cpp): its backward
+is not the sum of the passes' backwards (eager's backward of ``x * s`` plus the pool's backward
+writes ``dx`` twice and adds; ours computes ``dx = g * s + dpool / HW`` in one pass), and on the small
+maps of MobileNetV3 a Python autograd node and a dozen Python-to-C++ steps cost as much as the
+passes. Its forward and backward are the ops ``squeeze_excite_forward`` / ``squeeze_excite_backward``.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, overload
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from fastops.ops._validate import check_floating, check_tensor, uses_channels_last
 
@@ -146,139 +145,7 @@ def squeeze_excite(
     fc2_bias))[:, :, None, None]`` (see ``fastops.reference.squeeze_excite``).
     """
     _check_inputs(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or fc1_weight.requires_grad
-        or fc2_weight.requires_grad
-        or (fc1_bias is not None and fc1_bias.requires_grad)
-        or (fc2_bias is not None and fc2_bias.requires_grad)
-    ):
-        return _SqueezeExcite.apply(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
-    # Nothing to differentiate (inference): the same passes without the Function's bookkeeping.
-    with _below_autograd(x):
-        return _block_forward(x, (fc1_weight, fc1_bias, fc2_weight, fc2_bias), act, gate)[0]
-
-
-# ---- the block: forward and its one-reduction, one-write backward -------------------------------
-# The SE maps of MobileNetV3 take 0.1-0.5 ms a call in eager, so the Python around the four passes
-# counts: every (N, C)-sized step below is one ATen call (aten's own backward kernels for act and
-# gate, the forms eager's autograd runs), and nothing is cast, entered or dispatched that the call
-# does not need.
-
-_ACT_FORWARD = {"relu": torch.relu, "silu": torch._C._nn.silu, "gelu": torch._C._nn.gelu}
-_GATE_FORWARD = {"sigmoid": torch.sigmoid, "hardsigmoid": torch._C._nn.hardsigmoid}
-_aten = torch.ops.aten
-
-
-def _act_backward(grad: Tensor, h: Tensor, act: str) -> Tensor:
-    """grad * act'(h) by aten's backward kernels (relu's selects, so a NaN or inf grad where h <= 0
-    gives 0 there, as eager does)."""
-    if act == "relu":
-        return _aten.threshold_backward.default(grad, h, 0)
-    if act == "silu":
-        return _aten.silu_backward.default(grad, h)
-    return _aten.gelu_backward.default(grad, h)
-
-
-def _gate_backward(grad: Tensor, z: Tensor, s: Tensor, gate: str) -> Tensor:
-    """grad * gate'(z) by aten's kernels: sigmoid's from s = gate(z); hardsigmoid's grad / 6 selected
-    strictly inside (-3, 3), 0 elsewhere (also for a NaN grad)."""
-    if gate == "sigmoid":
-        return _aten.sigmoid_backward.default(grad, s)
-    return _aten.hardsigmoid_backward.default(grad, z)
-
-
-@overload
-def _as(t: Tensor, dtype: torch.dtype) -> Tensor: ...
-@overload
-def _as(t: None, dtype: torch.dtype) -> None: ...
-def _as(t: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    return t if t is None or t.dtype == dtype else t.to(dtype)
-
-
-def _below_autograd(x: Tensor) -> contextlib.AbstractContextManager:
-    """The context the block's steps run in. Eager: below the autograd keys, as torch.library's own
-    autograd kernels redispatch, so each of our four ops skips its Python autograd kernel (about 4 us
-    a call; the block's autograd is the Function's) and each ATen step its autograd wrapper.
-    Autocast off when it is on: the FCs are (N, C)-sized and run in the compute dtype whatever
-    autocast says; the block's policy is "the dtype of x" (the final x * s), with fp32 math
-    inside. Under torch.compile the plain forms, which dynamo traces."""
-    autocast = torch.is_autocast_enabled(x.device.type)
-    if torch.compiler.is_compiling():
-        return (
-            torch.autocast(device_type=x.device.type, enabled=False) if autocast else contextlib.nullcontext()
-        )
-    if autocast:
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch._C._AutoDispatchBelowADInplaceOrView())
-        stack.enter_context(torch.autocast(device_type=x.device.type, enabled=False))
-        return stack
-    return torch._C._AutoDispatchBelowADInplaceOrView()
-
-
-def _block_forward(
-    x: Tensor, fc: tuple[Tensor, Tensor | None, Tensor, Tensor | None], act: str, gate: str
-) -> tuple[Tensor, ...]:
-    """y and the (N, C) / (N, R) intermediates the backward needs, for fc = (fc1_weight, fc1_bias,
-    fc2_weight, fc2_bias); call under _below_autograd."""
-    dtype = _compute_dtype(x)
-    pooled = torch.ops.fastops.squeeze_excite_pool.default(x)
-    hidden = F.linear(pooled, _as(fc[0], dtype), _as(fc[1], dtype))
-    activated = _ACT_FORWARD[act](hidden)
-    pre_gate = F.linear(activated, _as(fc[2], dtype), _as(fc[3], dtype))
-    scale = _GATE_FORWARD[gate](pre_gate)
-    y = torch.ops.fastops.squeeze_excite_scale.default(x, scale)
-    return y, pooled, hidden, activated, pre_gate, scale
-
-
-class _SqueezeExcite(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        fc1_weight: Tensor,
-        fc1_bias: Tensor | None,
-        fc2_weight: Tensor,
-        fc2_bias: Tensor | None,
-        act: str,
-        gate: str,
-    ) -> Tensor:
-        with _below_autograd(x):
-            y, pooled, hidden, activated, pre_gate, scale = _block_forward(
-                x, (fc1_weight, fc1_bias, fc2_weight, fc2_bias), act, gate
-            )
-        # x as eager saves it; everything else is (N, C) or (N, R), or a parameter.
-        ctx.save_for_backward(x, fc1_weight, fc2_weight, pooled, hidden, activated, pre_gate, scale)
-        ctx.act, ctx.gate = act, gate
-        ctx.bias_dtypes = (
-            None if fc1_bias is None else fc1_bias.dtype,
-            None if fc2_bias is None else fc2_bias.dtype,
-        )
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        x, fc1_weight, fc2_weight, pooled, hidden, activated, pre_gate, scale = ctx.saved_tensors
-        need = ctx.needs_input_grad
-        dtype = pooled.dtype
-        grad_x = grad_w1 = grad_b1 = grad_w2 = grad_b2 = None
-        with _below_autograd(x):
-            grad_scale = torch.ops.fastops.squeeze_excite_backward_reduce.default(grad_out, x)
-            grad_pre = _gate_backward(grad_scale, pre_gate, scale, ctx.gate)
-            if need[3]:
-                grad_w2 = _as(torch.mm(grad_pre.t(), activated), fc2_weight.dtype)
-            if need[4]:
-                grad_b2 = _as(grad_pre.sum(0), ctx.bias_dtypes[1])
-            grad_hidden = _act_backward(torch.mm(grad_pre, _as(fc2_weight, dtype)), hidden, ctx.act)
-            if need[1]:
-                grad_w1 = _as(torch.mm(grad_hidden.t(), pooled), fc1_weight.dtype)
-            if need[2]:
-                grad_b1 = _as(grad_hidden.sum(0), ctx.bias_dtypes[0])
-            if need[0]:
-                grad_pool = torch.mm(grad_hidden, _as(fc1_weight, dtype))
-                grad_x = torch.ops.fastops.squeeze_excite_backward_input.default(grad_out, scale, grad_pool)
-        return grad_x, grad_w1, grad_b1, grad_w2, grad_b2, None, None
+    return torch.ops.fastops.squeeze_excite.default(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
 
 
 # ---- fake kernels -------------------------------------------------------------------------------
@@ -326,6 +193,65 @@ def _backward_input_fake(grad_out: Tensor, scale: Tensor, grad_pool: Tensor) -> 
     _check_per_channel(op, "scale", scale, "grad_out", grad_out)
     _check_per_channel(op, "grad_pool", grad_pool, "grad_out", grad_out)
     return _empty_in_kernel_layout(grad_out)
+
+
+@torch.library.register_fake("fastops::squeeze_excite")
+def _block_fake(
+    x: Tensor,
+    fc1_weight: Tensor,
+    fc1_bias: Tensor | None,
+    fc2_weight: Tensor,
+    fc2_bias: Tensor | None,
+    act: str,
+    gate: str,
+) -> Tensor:
+    _check_activation(_OP, "x", x)
+    return _empty_in_kernel_layout(x)
+
+
+@torch.library.register_fake("fastops::squeeze_excite_forward")
+def _forward_fake(
+    x: Tensor,
+    fc1_weight: Tensor,
+    fc1_bias: Tensor | None,
+    fc2_weight: Tensor,
+    fc2_bias: Tensor | None,
+    act: str,
+    gate: str,
+) -> tuple[Tensor, ...]:
+    _check_activation("squeeze_excite_forward", "x", x)
+    dtype = _compute_dtype(x)
+    n, c, r = x.shape[0], x.shape[1], fc1_weight.shape[0]
+    pooled, pre_gate, scale = (x.new_empty((n, c), dtype=dtype) for _ in range(3))
+    hidden, activated = (x.new_empty((n, r), dtype=dtype) for _ in range(2))
+    return _empty_in_kernel_layout(x), pooled, hidden, activated, pre_gate, scale
+
+
+@torch.library.register_fake("fastops::squeeze_excite_backward")
+def _block_backward_fake(
+    grad_out: Tensor,
+    x: Tensor,
+    fc1_weight: Tensor,
+    fc2_weight: Tensor,
+    pooled: Tensor,
+    hidden: Tensor,
+    activated: Tensor,
+    pre_gate: Tensor,
+    scale: Tensor,
+    act: str,
+    gate: str,
+    input_grad: bool,
+) -> tuple[Tensor, ...]:
+    _check_activation("squeeze_excite_backward", "x", x)
+    dtype = _compute_dtype(x)
+    grad_x = _empty_in_kernel_layout(grad_out) if input_grad else grad_out.new_empty((0,))
+    return (
+        grad_x,
+        fc1_weight.new_empty(fc1_weight.shape, dtype=dtype),
+        fc1_weight.new_empty((fc1_weight.shape[0],), dtype=dtype),
+        fc2_weight.new_empty(fc2_weight.shape, dtype=dtype),
+        fc2_weight.new_empty((fc2_weight.shape[0],), dtype=dtype),
+    )
 
 
 # ---- autograd of each pass (opcheck; a user composing the passes) --------------------------------

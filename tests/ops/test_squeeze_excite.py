@@ -119,6 +119,18 @@ def se_opcheck(device: str, dtype: torch.dtype) -> Iterator[tuple]:
         yield ops.squeeze_excite_scale.default, (x, s)
         yield ops.squeeze_excite_backward_reduce.default, (g.requires_grad_(True), x)
         yield ops.squeeze_excite_backward_input.default, (g.detach().requires_grad_(True), s, dp)
+        # The block (its autograd in C++), and its forward and backward ops, which have no autograd
+        # of their own.
+        plain, grad = x.detach(), g.detach()
+        for act, gate in (("relu", "hardsigmoid"), ("silu", "sigmoid"), ("gelu", "hardsigmoid")):
+            trained = _weights(19, dtype, device, requires_grad=True, bias=act != "silu")
+            yield ops.squeeze_excite.default, (x, *trained, act, gate)
+            weights = _weights(19, dtype, device, requires_grad=False, bias=act != "silu")
+            yield ops.squeeze_excite_forward.default, (plain, *weights, act, gate)
+            _, *intermediates = ops.squeeze_excite_forward.default(plain, *weights, act, gate)
+            for input_grad in (True, False):
+                args = (grad, plain, weights[0], weights[2], *intermediates, act, gate, input_grad)
+                yield ops.squeeze_excite_backward.default, args
 
 
 def _eager(
@@ -247,6 +259,41 @@ def test_double_backward_raises() -> None:
         dx.sum().backward()
 
 
+def test_double_backward_through_a_differentiable_grad_out_raises() -> None:
+    """A graph built through the backward (create_graph with a grad_out that needs a gradient)
+    raises when differentiated, as @once_differentiable does, instead of treating dx as constant."""
+    x, *weights = _sample()
+    x.requires_grad_(True)
+    y = fastops.squeeze_excite(x, *weights)
+    grad_out = torch.ones_like(y, requires_grad=True)
+    (dx,) = torch.autograd.grad(y, x, grad_out, create_graph=True)
+    assert dx.requires_grad
+    with pytest.raises(RuntimeError, match="squeeze_excite: differentiable once"):
+        dx.sum().backward()
+
+
+def test_gradients_of_some_inputs_only() -> None:
+    """Each gradient lands on its own argument whichever of x, the weights and the biases need one
+    and whether the biases are given (the C++ node indexes only the tensors passed)."""
+    torch.manual_seed(3)
+    for bias in (True, False):
+        x = torch.randn(2, 12, 5, 4, dtype=torch.float64)
+        weights = _weights(12, torch.float64, "cpu", False, bias=bias)
+        for mask in itertools.product((False, True), repeat=5):
+            args = [
+                t if t is None else t.detach().requires_grad_(m)
+                for t, m in zip((x, *weights), mask, strict=True)
+            ]
+            wanted = [t for t in args if t is not None and t.requires_grad]
+            if not wanted:
+                continue
+            g = torch.randn_like(x)
+            ours = torch.autograd.grad(fastops.squeeze_excite(*args, "silu", "hardsigmoid"), wanted, g)
+            eager = torch.autograd.grad(_eager(*args, "silu", "hardsigmoid"), wanted, g)
+            for a, b in zip(ours, eager, strict=True):
+                torch.testing.assert_close(a, b)
+
+
 def test_module_free_use_under_no_grad() -> None:
     x, *weights = _sample()
     with torch.no_grad():
@@ -293,3 +340,10 @@ def test_kernel_errors_name_the_op_and_argument() -> None:
         ops.squeeze_excite_backward_reduce(x[:1], x)
     with pytest.raises(RuntimeError, match="squeeze_excite_backward_input: expected grad_pool of shape"):
         ops.squeeze_excite_backward_input(x, torch.rand(2, 3), torch.rand(3, 3))
+    w1, b1, w2, b2 = _weights(3, torch.float32, "cpu", False)
+    with pytest.raises(RuntimeError, match=r"squeeze_excite_forward: expected act to be one of \['relu'"):
+        ops.squeeze_excite_forward(x, w1, b1, w2, b2, "tanh", "sigmoid")
+    with pytest.raises(RuntimeError, match="squeeze_excite_forward: expected gate to be one of"):
+        ops.squeeze_excite_forward(x, w1, b1, w2, b2, "relu", "softmax")
+    with pytest.raises(RuntimeError, match="squeeze_excite_forward: expected x to be 4-D"):
+        ops.squeeze_excite_forward(x[0], w1, b1, w2, b2, "relu", "sigmoid")
