@@ -194,7 +194,7 @@ void channel_affine(T* out, const T* a, const opmath_t<T>* s, const opmath_t<T>*
     }
   };
   if (!shape.channels_last && HW >= W && HW < kShortRow * W) {
-    // Short rows (7x7, 14x14 maps): a splat, a loop and a masked tail per row cost more than the
+    // Short rows (7x7 maps): a splat, a loop and a masked tail per row cost more than the
     // row's few vectors. Walk the rows' elements as one flat run of whole vectors instead; with
     // HW >= W a vector spans at most two rows, so its factors are the two rows' blended by lane.
     const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / HW);
