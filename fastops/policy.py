@@ -144,13 +144,14 @@ def runs_torch(module: nn.Module, op: str, x: Tensor, **details: object) -> bool
         return backend == "torch"
     if not isinstance(x, Tensor):
         return False
-    candidates = [r for r in _REGIONS if r.op == op and r.device == x.device.type]
+    device = x.device.type  # once: x.device builds a new object per access (a microsecond each)
+    candidates = [r for r in _REGIONS if r.op == op and r.device == device]
     if not candidates:
         return False
     case = Case(
         op=op,
-        device=x.device.type,
-        isa=cpu_isa() if x.device.type == "cpu" else None,
+        device=device,
+        isa=cpu_isa() if device == "cpu" else None,
         channels_last=_channels_last(x),
         dtype=x.dtype,
         shape=tuple(x.shape),
