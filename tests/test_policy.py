@@ -74,6 +74,21 @@ def test_module_runs_torch_only_inside_a_region(
     assert ours == ["fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 1
 
 
+def test_repeated_calls_reuse_the_decision_and_still_count(
+    auto: None, region: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = _spy_on_ours(monkeypatch)
+    m = DepthwiseConv2d(4, 3, padding=1)
+    small = torch.randn(2, 4, 8, 8)
+    m(small)
+    m(small)
+    assert ours == ["fastops", "fastops"]
+    policy.register_slower_region(_small_map_region())  # a new region: decided again, not remembered
+    m(small)
+    m(small)
+    assert ours == ["fastops", "fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 2
+
+
 def test_region_narrows_by_layout_dtype_and_training(
     auto: None, region: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
