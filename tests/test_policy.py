@@ -233,3 +233,5 @@ def test_registered_depthwise_regions() -> None:
     assert not torch_runs("avx2", True, torch.float32, False, 14, 3, 1)
     assert not torch_runs("avx2", True, torch.bfloat16, False, 56, 3, 1)
     assert not torch_runs("avx2", True, torch.float32, False, 14, 5, 1)  # 5x5 not measured: ours
+    assert torch_runs("avx2", True, torch.float32, True, 56, 3, 1)
+    assert not torch_runs("avx2", True, torch.float32, True, 14, 3, 1)
