@@ -7,6 +7,10 @@ rest: arguments, CPU allocation fairness, the copy roofline, timing every case w
 interleaved, the Result rows, the printed table and the CSV/markdown files with the environment.
 
 Timings are medians with p20/p80 over repetitions after warm-up; GPU times come from CUDA events.
+On a CPU shared with other jobs, `--thread-time` (with `--threads 1`) times each call in the calling
+thread's CPU time instead of wall-clock time: a call that the scheduler parks for a 10-20 ms slice
+then costs what it computed, not what it waited (our kernels and oneDNN both run in the calling
+thread at one thread, so nothing is left out).
 Achieved bandwidth is the op's minimal byte count (each input read once, each output written once)
 divided by the median time, and is shown against the copy bandwidth measured in the same run
 (`copy_roofline_gbps`); a case that counts FLOPs also gets TFLOP/s (column tflops).
@@ -58,6 +62,12 @@ def base_parser(description: str, devices: Sequence[str] = ("cpu", "cuda")) -> a
     parser.add_argument("--tag", default="", help="suffix for the result file names")
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
+    )
+    parser.add_argument(
+        "--thread-time",
+        action="store_true",
+        help="CPU, with --threads 1: time calls in the calling thread's CPU time (time.thread_time), "
+        "not wall-clock time, so time spent descheduled by other jobs on a shared machine is not counted",
     )
     parser.add_argument(
         "--check",
@@ -142,6 +152,10 @@ def _prefault_heap(libc: ctypes.CDLL, nbytes: int) -> None:
     libc.free(block)
 
 
+# The CPU clock of time_ms: wall-clock, or the thread's CPU time under --thread-time.
+_CPU_CLOCK: list[Callable[[], float]] = [time.perf_counter]
+
+
 def synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -155,7 +169,8 @@ def time_ms(
     max_reps: int = 1000,
     min_reps: int = 5,
 ) -> list[float]:
-    """Per-call times in ms of fn() after warm-up: CUDA events on the GPU, perf_counter on the CPU."""
+    """Per-call times in ms of fn() after warm-up: CUDA events on the GPU, perf_counter (or, under
+    --thread-time, the thread's CPU time) on the CPU."""
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -170,9 +185,10 @@ def time_ms(
             end.synchronize()
             times.append(begin.elapsed_time(end))
         else:
-            t0 = time.perf_counter()
+            clock = _CPU_CLOCK[0]
+            t0 = clock()
             fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append((clock() - t0) * 1e3)
     return times
 
 
@@ -322,6 +338,7 @@ def environment(device: str) -> dict[str, str]:
         "fastops": f"{fastops.__version__} ({ext.mode}, cpu {ext.cpu_capability}, cuda kernels {ext.with_cuda})",
         "git": sha,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "clock": "thread CPU time" if _CPU_CLOCK[0] is time.thread_time else "wall clock",
     }
 
 
@@ -473,6 +490,12 @@ def run_benchmark(
     device = args.device
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.thread_time:
+        if device != "cpu" or torch.get_num_threads() != 1:
+            parser.error(
+                "--thread-time: CPU with --threads 1 only (other threads' work would not be counted)"
+            )
+        _CPU_CLOCK[0] = time.thread_time
     if device == "cpu" and not args.fresh_pages:
         fair_cpu_allocation()
     seconds = min(quick_min_time, args.min_time) if args.quick else args.min_time

@@ -74,6 +74,21 @@ def test_module_runs_torch_only_inside_a_region(
     assert ours == ["fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 1
 
 
+def test_repeated_calls_reuse_the_decision_and_still_count(
+    auto: None, region: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = _spy_on_ours(monkeypatch)
+    m = DepthwiseConv2d(4, 3, padding=1)
+    small = torch.randn(2, 4, 8, 8)
+    m(small)
+    m(small)
+    assert ours == ["fastops", "fastops"]
+    policy.register_slower_region(_small_map_region())  # a new region: decided again, not remembered
+    m(small)
+    m(small)
+    assert ours == ["fastops", "fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 2
+
+
 def test_region_narrows_by_layout_dtype_and_training(
     auto: None, region: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -206,3 +221,17 @@ def test_registered_depthwise_regions() -> None:
     assert not torch_runs("avx512", False, torch.float32, False, 112, 3, 1)
     assert torch_runs("avx2", False, torch.float32, False, 7, 3, 1)
     assert not torch_runs("avx2", False, torch.bfloat16, False, 7, 3, 1)  # no oneDNN bf16 on AVX2
+    # channels_last (swap_policy_cpu_dw_cl*): oneDNN wins small 3x3 maps and 7x7 inference on
+    # AVX-512, bf16 inference everywhere there; ours wins the 7x7 training step and AVX2 bf16.
+    assert torch_runs("avx512", True, torch.float32, False, 7, 3, 1)
+    assert not torch_runs("avx512", True, torch.float32, False, 56, 3, 1)
+    assert torch_runs("avx512", True, torch.float32, False, 56, 7, 1)
+    assert not torch_runs("avx512", True, torch.float32, True, 7, 7, 1)
+    assert torch_runs("avx512", True, torch.bfloat16, False, 112, 3, 1)
+    assert not torch_runs("avx512", True, torch.bfloat16, True, 28, 3, 2)  # strided bf16 training
+    assert torch_runs("avx2", True, torch.float32, False, 56, 3, 1)
+    assert not torch_runs("avx2", True, torch.float32, False, 14, 3, 1)
+    assert not torch_runs("avx2", True, torch.bfloat16, False, 56, 3, 1)
+    assert not torch_runs("avx2", True, torch.float32, False, 14, 5, 1)  # 5x5 not measured: ours
+    assert torch_runs("avx2", True, torch.float32, True, 56, 3, 1)
+    assert not torch_runs("avx2", True, torch.float32, True, 14, 3, 1)

@@ -4,14 +4,14 @@
 // depthwise_separable_conv2d); per border pixel the list of in-bounds taps is built once, then the
 // channel loop runs over it with 4 vectors of channels per step (weights pre-transposed to
 // [tap][C]); interior pixels go in register blocks along the row (row blocks for 3/5/7-wide kernels
-// at stride 1 or 2, else blocks of 4 pixels). 5/7-wide kernels on maps up to 28 wide, where most
-// pixels are border pixels, run one image per task from a zero-padded copy, all in row blocks
-// (forward_padded_images). The input gradient is the same gather seen from the input side (taps
-// whose stride phase matches), one input row per task. The weight gradient splits the N*OH output
-// rows into a fixed number of fixed-size items (a function of the shape only, never of the thread
-// count); each item writes its partial [tap][C] sums to a workspace slot, which the caller adds in
-// item order: deterministic and bitwise repeatable, no atomics, one pass over x and grad_output from
-// memory.
+// at stride 1 or 2, else blocks of 4 pixels). 5/7-wide kernels whose zero-padded image fits in
+// 1 MiB run one image per task from a zero-padded copy, all in row blocks (forward_padded_images):
+// on small maps most pixels are border pixels, on wide ones few-channel border pixels are slow.
+// The input gradient is the same gather seen from the input side (taps whose stride phase
+// matches), one input row per task. The weight gradient splits the N*OH output rows into a fixed
+// number of fixed-size items (a function of the shape only, never of the thread count); each item
+// writes its partial [tap][C] sums to a workspace slot, which the caller adds in item order:
+// deterministic and bitwise repeatable, no atomics, one pass over x and grad_output from memory.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -350,8 +350,15 @@ constexpr int64_t kTapGroup = 8;  // taps summed together: 8 accumulators stay i
 int64_t wgrad_rows_per_item(const DepthwiseGeometry& g) {
   const int64_t total_rows = g.N * g.OH;
   const int64_t per_row = std::max<int64_t>(1, g.OW * g.C);
-  int64_t rows = div_up(int64_t{1} << 16, per_row);                     // ~64K elements of g per item: L2-resident
-  rows = std::min(rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
+  const int64_t l2_rows = div_up(int64_t{1} << 16, per_row);  // ~64K elements of g per item: L2-resident
+  int64_t rows = std::min(l2_rows, std::max<int64_t>(1, div_up(total_rows, 32)));  // at least ~32 items
+  // Short rows (small maps) left that 4 output rows per item, and the fixed cost of an item (per
+  // channel vector and kernel row: setup, border columns, partial sums written and added) was then
+  // a large share of it: 7x7 kernels on 7x7 / 14x14 maps ran 1.2-1.5x slower, 3x3 ~1.1x (thread
+  // time, 1 thread). There items grow up to ~8 items, while each accumulator still adds at most
+  // 512 terms in a row (what the rule above gives 64-wide rows; longer chains lose fp32 precision).
+  const int64_t short_rows = std::min(div_up(total_rows, 8), std::max<int64_t>(1, 512 / std::max<int64_t>(1, g.OW)));
+  rows = std::max(rows, std::min(l2_rows, short_rows));
   return std::max<int64_t>(1, rows);
 }
 
@@ -544,23 +551,25 @@ namespace {
 // ---- the kernels ---------------------------------------------------------------------------------
 
 // Elements of the zero-padded image copy of forward_padded_images, or 0 when the shape does not
-// take that path: 5/7-wide kernels at stride 1 or 2 whose padded image stays L2-resident. (3x3
-// measured slower with the copy: its border pixels are cheap enough already.)
+// take that path: 5/7-wide kernels at stride 1 or 2 whose padded image stays L2-resident (1 MiB).
+// 3x3 measured slower with the copy: it does 9 FMAs per element, so copying the image costs as much
+// as its border pixels save. For 7x7 (49 FMAs per element) the copy pays even on 56x56 maps, where
+// only 8 of 56 pixels per row are border pixels: with fewer than 4 vectors of channels those run
+// one dependent FMA chain per vector (ConvNeXt-atto's C = 40 forward: 1.13x faster).
 template <typename T>
 int64_t padded_image_elements(const DepthwiseGeometry& g, int64_t P) {
   if (g.KW < 5 || !has_row_block(g.KW, g.sw, g.dw)) return 0;
   const int64_t rows = (g.OH - 1) * g.sh + (g.KH - 1) * g.dh + 1;
   const int64_t cols = (round_up(g.OW, P) - 1) * g.sw + g.KW;
   const int64_t elements = rows * cols * g.C;
-  // Only where borders are a large share of the row (OW <= 28): wider rows have few border pixels
-  // and pay the extra copy of x.
-  return g.OW <= 28 && elements * int64_t(sizeof(T)) <= (int64_t{1} << 20) ? elements : 0;
+  return elements * int64_t(sizeof(T)) <= (int64_t{1} << 20) ? elements : 0;
 }
 
 // The forward with one image per task, copied once into a zero-padded scratch whose rows are
 // rounded up to whole row blocks: every pixel then runs the register row block, none the per-pixel
-// tap list (on a 7x7 map with a 7x7 kernel, 6 of 7 pixels are border pixels). Output rows go
-// through a row of scratch, so the last partial block needs no special case.
+// tap list (on a 7x7 map with a 7x7 kernel, 6 of 7 pixels are border pixels). The scratch's zero
+// border is written once per task: each image overwrites only the interior. Output rows go through
+// a row of scratch, so the last partial block needs no special case.
 template <typename T>
 void forward_padded_images(const T* xp, const opmath_t<T>* wp, int64_t Cp, const opmath_t<T>* bp, T* yp,
                            const DepthwiseGeometry& g, int64_t P, int64_t elements) {
@@ -568,13 +577,12 @@ void forward_padded_images(const T* xp, const opmath_t<T>* wp, int64_t Cp, const
   const int64_t cols = elements / (rows * g.C);
   const int64_t C = g.C;
   at::parallel_for(0, g.N, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> img(elements);
+    std::vector<T> img(elements);  // zero: the padding
     std::vector<T> out_row(round_up(g.OW, P) * C);
     std::vector<const T*> row_ptr(g.KH);
     std::vector<const opmath_t<T>*> wrow_ptr(g.KH);
     for (int64_t kh = 0; kh < g.KH; ++kh) wrow_ptr[kh] = wp + kh * g.KW * Cp;
     for (int64_t n = begin; n < end; ++n) {
-      std::fill(img.begin(), img.end(), T(0));
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t ih = r - g.pt;
         if (ih < 0 || ih >= g.H) continue;

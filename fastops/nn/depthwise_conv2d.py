@@ -300,9 +300,12 @@ register_swap_rule(
 
 
 # Where F.conv2d (oneDNN) beats our CPU kernels: fastops.policy sends those calls to it. From
-# benchmarks/bench_swap_policy.py, 1 thread, batch 16, the MobileNetV2 / ConvNeXt-atto layer shapes.
+# benchmarks/bench_swap_policy.py, 1 thread, batch 16, the MobileNetV2 / ConvNeXt-atto layer shapes
+# (channels_last: thread CPU time, --thread-time).
 _NCHW_AVX512 = "benchmarks/results/swap_policy_cpu_dw_nchw_threads1.md"
 _NCHW_AVX2 = "benchmarks/results/swap_policy_cpu_dw_nchw_avx2_threads1.md"
+_CL_AVX512 = "benchmarks/results/swap_policy_cpu_dw_cl_threads1.md"
+_CL_AVX2 = "benchmarks/results/swap_policy_cpu_dw_cl_avx2_threads1.md"
 
 
 def _out_side(case: policy.Case) -> int:
@@ -310,6 +313,11 @@ def _out_side(case: policy.Case) -> int:
     stride = case.params["stride"]
     assert isinstance(stride, tuple)
     return max(-(-case.shape[2] // stride[0]), -(-case.shape[3] // stride[1]))
+
+
+def _in_side(case: policy.Case) -> int:
+    """The larger side of the input map."""
+    return max(case.shape[2], case.shape[3])
 
 
 def _kernel(case: policy.Case) -> int:
@@ -362,6 +370,16 @@ for _region in [
     ("avx2", False, _fp32, False, "kernels to 5x5, outputs to 7x7 (strided: to 14x14)", f"{_NCHW_AVX2}: 0.73-1.00x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 7 or (_strided(c) and _out_side(c) <= 14))),
     ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 56x56", f"{_NCHW_AVX2}: 0.22-0.95x", lambda c: _kernel(c) > 5 and _out_side(c) <= 56),
     ("avx2", False, _fp32, True, "kernels to 5x5, outputs to 7x7 (strided: to 14x14)", f"{_NCHW_AVX2}: 0.66-0.98x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 7 or (_strided(c) and _out_side(c) <= 14))),
+    # channels_last: only the kernel sizes measured (3x3, 7x7; 5x5 runs ours), except bf16 inference
+    # on AVX-512, where oneDNN's bf16 kernel wins at every size and kernel.
+    ("avx512", True, _fp32, False, "3x3 kernels, outputs to 14x14", f"{_CL_AVX512}: 0.70-0.97x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 14),
+    ("avx512", True, _fp32, False, "kernels over 5x5, outputs to 56x56", f"{_CL_AVX512}: 0.72-0.80x", lambda c: _kernel(c) > 5 and _out_side(c) <= 56),
+    ("avx512", True, _fp32, True, "3x3 kernels, outputs to 14x14", f"{_CL_AVX512}: 0.73-0.94x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 14),
+    ("avx512", True, _bf16, False, "every size", f"{_CL_AVX512}: 0.55-0.81x", lambda c: True),
+    ("avx512", True, _bf16, True, "3x3 kernels, stride 1, outputs to 28x28", f"{_CL_AVX512}: 0.57-0.91x", lambda c: _kernel(c) <= 3 and not _strided(c) and _out_side(c) <= 28),
+    ("avx2", True, _fp32, False, "3x3 kernels, inputs from 28x28", f"{_CL_AVX2}: 0.66-0.98x", lambda c: _kernel(c) <= 3 and _in_side(c) >= 28),
+    ("avx2", True, _fp32, False, "kernels over 5x5, outputs to 7x7", f"{_CL_AVX2}: 0.85x", lambda c: _kernel(c) > 5 and _out_side(c) <= 7),
+    ("avx2", True, _fp32, True, "3x3 kernels, strided, or outputs to 7x7 or from 28x28", f"{_CL_AVX2}: 0.59-0.98x (one 1.04x)", lambda c: _kernel(c) <= 3 and (_strided(c) or not 7 < _out_side(c) < 28)),
 ]:
     _slower(*_region)
 # fmt: on

@@ -1,7 +1,11 @@
-"""benchmarks/common.py's --check: which row groups count as a fastops path below its baseline."""
+"""benchmarks/common.py: --check (which row groups count as a fastops path below its baseline) and
+--thread-time."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 
 from benchmarks import common
@@ -37,3 +41,27 @@ def test_check_uses_the_bench_pairs_and_keeps_dtypes_apart() -> None:
     failures = common.check_speedups(rows, pairs=[("fastops", "torch_fused")])
     assert [f.group[2] for f in failures] == ["float32"]
     assert common.check_speedups(rows) == []  # against eager, fastops wins
+
+
+def test_thread_time_leaves_out_time_spent_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call that waits 20 ms computes almost nothing: wall clock counts the wait, thread time not.
+    wall = common.time_ms(lambda: time.sleep(0.02), "cpu", min_time=0.0, warmup=0, min_reps=1, max_reps=1)
+    monkeypatch.setattr(common, "_CPU_CLOCK", [time.thread_time])
+    cpu = common.time_ms(lambda: time.sleep(0.02), "cpu", min_time=0.0, warmup=0, min_reps=1, max_reps=1)
+    assert wall[0] >= 19.0 and cpu[0] < 5.0
+
+
+def test_thread_time_needs_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "_CPU_CLOCK", [time.perf_counter])
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit):
+            common.run_benchmark(
+                "none",
+                lambda args: iter(()),
+                description="",
+                argv=["--device", "cpu", "--threads", "2", "--thread-time"],
+            )
+    finally:
+        torch.set_num_threads(threads)
+    assert common._CPU_CLOCK[0] is time.perf_counter
