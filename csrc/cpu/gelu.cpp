@@ -190,7 +190,7 @@ inline FVec select_negative(const FVec& x, const FVec& a, const FVec& b) {
 }
 
 template <Accuracy kAcc>
-inline FVec bulk_q(const FVec& u) {
+C10_ALWAYS_INLINE FVec bulk_q(const FVec& u) {
   if constexpr (kAcc == Accuracy::kFull) {
     return horner(kBulkN, u) / horner<kBulkD.size(), true>(kBulkD, u);
   } else {
@@ -200,7 +200,7 @@ inline FVec bulk_q(const FVec& u) {
 
 // exp(-u^2/2) for 0 <= u <= kBulkLimit: see the section comment.
 template <Accuracy kAcc>
-inline FVec bulk_gauss(const FVec& u) {
+C10_ALWAYS_INLINE FVec bulk_gauss(const FVec& u) {
   const FVec hi = u * u;
   const FVec kf = at::vec::fmadd(hi, FVec(kExpInvStep), FVec(kRoundShift));
   const FVec n = kf - FVec(kRoundShift);
@@ -218,25 +218,36 @@ inline FVec bulk_gauss(const FVec& u) {
 }
 
 template <Accuracy kAcc>
-inline FVec bulk_gelu(const FVec& x, const FVec& u) {
+C10_ALWAYS_INLINE FVec bulk_gelu(const FVec& x, const FVec& u) {
   return fnmadd(u * bulk_q<kAcc>(u), bulk_gauss<kAcc>(u), max_zero(x));
 }
 
 // gelu'(x) = Phi(x) + x phi(x): x < 0: exp(-u^2/2) (q - u / sqrt(2 pi)); x >= 0: 1 minus that.
-inline FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
+C10_ALWAYS_INLINE FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
   const FVec z =
       bulk_gauss<Accuracy::kFull>(u) * fnmadd(u, FVec(static_cast<float>(gm::kInvSqrt2Pi)), bulk_q<Accuracy::kFull>(u));
   return select_negative(x, z, FVec(1.0f) - z);
 }
 #endif
 
+// The bulk test inlined into the loop, the general path out of line: it runs for few vectors, and
+// inlining both (twice per fp16/bf16 step) made the compiler outline the whole op instead.
+#ifdef FASTOPS_GELU_BULK
+#define FASTOPS_GELU_GENERAL C10_NOINLINE
+#else
+#define FASTOPS_GELU_GENERAL
+#endif
+
 template <Accuracy kAcc>
 struct GeluErfForward {
-  FVec operator()(const FVec& x) const {
+  C10_ALWAYS_INLINE FVec operator()(const FVec& x) const {
 #ifdef FASTOPS_GELU_BULK
     const FVec u = x.abs();
     if (C10_LIKELY(all_le(u, kBulkLimit))) return bulk_gelu<kAcc>(x, u);
 #endif
+    return general(x);
+  }
+  FASTOPS_GELU_GENERAL static FVec general(const FVec& x) {
     FVec ex, q;
     erf_tail_parts<kAcc>(x, ex, q);
     // x < 0: (x * q) * ex keeps the intermediate normal where x * T alone would go subnormal.
@@ -252,11 +263,14 @@ struct GeluErfForward {
 
 template <Accuracy kAcc>
 struct GeluErfBackward {
-  FVec operator()(const FVec& g, const FVec& x) const {
+  C10_ALWAYS_INLINE FVec operator()(const FVec& g, const FVec& x) const {
 #ifdef FASTOPS_GELU_BULK
     const FVec u = x.abs();
     if (C10_LIKELY(all_le(u, kBulkLimit))) return g * bulk_gelu_grad(x, u);
 #endif
+    return general(g, x);
+  }
+  FASTOPS_GELU_GENERAL static FVec general(const FVec& g, const FVec& x) {
     FVec ex, q;
     erf_tail_parts<kAcc>(x, ex, q);
     const FVec tail = q * ex;
@@ -400,16 +414,22 @@ template <typename T, typename Op>
 void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t numel, int64_t n, const Op& op) {
   using S = BiasStep<T>;
   at::parallel_for(0, numel, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for_each_row_segment(begin, end, n, [&](int64_t i, int64_t col, int64_t len) {
-      for (int64_t j = 0; j < len; j += S::kStep) {
-        const int64_t count = std::min(S::kStep, len - j);
-        const auto [lo, hi] = S::load_biased(x + i + j, bias + col + j, count);
-        if constexpr (is_reduced_float_v<T>) {
-          S::store(out + i + j, op(lo), op(hi), count);
-        } else {
-          S::store(out + i + j, op(lo), hi, count);
-        }
+    // Local copies, so that the stores through dst cannot alias them (see elementwise).
+    T* const dst = out;
+    const T* const src = x;
+    const opmath_t<T>* const b = bias;
+    const auto vector_at = [&](int64_t i, int64_t col, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const auto [lo, hi] = S::load_biased(src + i, b + col, count);
+      if constexpr (is_reduced_float_v<T>) {
+        S::store(dst + i, op(lo), op(hi), count);
+      } else {
+        S::store(dst + i, op(lo), hi, count);
       }
+    };
+    for_each_row_segment(begin, end, n, [&](int64_t i, int64_t col, int64_t len) {
+      int64_t j = 0;
+      for (; j + S::kStep <= len; j += S::kStep) vector_at(i + j, col + j, S::kStep);
+      if (j < len) vector_at(i + j, col + j, len - j);
     });
   });
 }
@@ -434,7 +454,29 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
   M* partial_ptr = partial.data_ptr<M>();
 
   at::parallel_for(0, row_blocks * col_blocks, 1, [&](int64_t task_begin, int64_t task_end) {
+    // Local copies, so that the stores through dx_out cannot alias them (see elementwise).
+    T* const dx_out = dx;
+    const T* const g_in = grad;
+    const T* const x_in = x;
+    const M* const b = bias;
     alignas(64) M acc[kColBlock];
+    const auto vector_at = [&](int64_t base, int64_t c0, int64_t j, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const auto [h_lo, h_hi] = S::load_biased(x_in + base + j, b + c0 + j, count);
+      const auto [g_lo, g_hi] = S::load(g_in + base + j, count);
+      const MVec d_lo = op(g_lo, h_lo);
+      // Accumulate the unrounded fp32 gradient: grad_bias is then the fp32 sum of exact terms.
+      constexpr int64_t mstep = MVec::size();
+      (MVec::loadu(acc + j, std::min(count, mstep)) + d_lo).store(acc + j, std::min(count, mstep));
+      if constexpr (is_reduced_float_v<T>) {
+        const MVec d_hi = op(g_hi, h_hi);
+        if (count > mstep) {
+          (MVec::loadu(acc + j + mstep, count - mstep) + d_hi).store(acc + j + mstep, count - mstep);
+        }
+        S::store(dx_out + base + j, d_lo, d_hi, count);
+      } else {
+        S::store(dx_out + base + j, d_lo, d_lo, count);
+      }
+    };
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t rb = task / col_blocks, cb = task % col_blocks;
       const int64_t c0 = cb * kColBlock, width = std::min(kColBlock, n - c0);
@@ -442,24 +484,9 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
       std::fill(acc, acc + width, M(0));
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t base = r * n + c0;
-        for (int64_t j = 0; j < width; j += S::kStep) {
-          const int64_t count = std::min(S::kStep, width - j);
-          const auto [h_lo, h_hi] = S::load_biased(x + base + j, bias + c0 + j, count);
-          const auto [g_lo, g_hi] = S::load(grad + base + j, count);
-          const MVec d_lo = op(g_lo, h_lo);
-          // Accumulate the unrounded fp32 gradient: grad_bias is then the fp32 sum of exact terms.
-          constexpr int64_t mstep = MVec::size();
-          (MVec::loadu(acc + j, std::min(count, mstep)) + d_lo).store(acc + j, std::min(count, mstep));
-          if constexpr (is_reduced_float_v<T>) {
-            const MVec d_hi = op(g_hi, h_hi);
-            if (count > mstep) {
-              (MVec::loadu(acc + j + mstep, count - mstep) + d_hi).store(acc + j + mstep, count - mstep);
-            }
-            S::store(dx + base + j, d_lo, d_hi, count);
-          } else {
-            S::store(dx + base + j, d_lo, d_lo, count);
-          }
-        }
+        int64_t j = 0;
+        for (; j + S::kStep <= width; j += S::kStep) vector_at(base, c0, j, S::kStep);
+        if (j < width) vector_at(base, c0, j, width - j);
       }
       std::copy(acc, acc + width, partial_ptr + rb * n + c0);
     }
