@@ -79,7 +79,7 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
 //     error against scipy's erfcx, float64, then rounded to fp32). kFull: degree (4, 4), fit 7.9e-8,
 //     ~3e-7 after the fp32 roundings of the two Horner chains and the division (the general path's
 //     t = 1/(1 + a u) amplifies the rounding of t up to 3x near u = 0). kReduced (fp16/bf16
-//     outputs): degree (3, 3), 2.8e-6.
+//     outputs): degree (2, 3), 9.5e-6.
 //   exp(-u^2/2) = 2^(-n/M) * exp(-s/2), n = round(u^2 M / (2 ln2)), s = u^2 - n (2 ln2 / M) in
 //     [-ln2/M, ln2/M] (u^2 = hi + lo exactly, and n * c_hi exact inside the FMA, as in gauss), 2^(-j/M)
 //     for j = n mod M from an M-entry register table (one permute: M = 16 AVX-512, 8 AVX2) held as
@@ -101,9 +101,8 @@ constexpr float kBulkLimit = 7.0f;
 constexpr std::array<float, 5> kBulkN = {1.671565247e+01f, 1.058711720e+01f, 3.209682703e+00f, 3.979189992e-01f,
                                          3.068713704e-05f};
 constexpr std::array<float, 4> kBulkD = {3.343130493e+01f, 4.784848022e+01f, 2.788196945e+01f, 8.007079124e+00f};
-constexpr std::array<float, 4> kBulkNReduced = {4.384809017e+00f, 2.027671814e+00f, 4.048020840e-01f,
-                                                -2.363982057e-04f};
-constexpr std::array<float, 3> kBulkDReduced = {8.769596100e+00f, 1.105336761e+01f, 5.238287926e+00f};
+constexpr std::array<float, 3> kBulkNReduced = {3.628929138e+00f, 1.885877252e+00f, 4.001633525e-01f};
+constexpr std::array<float, 3> kBulkDReduced = {7.257789612e+00f, 9.565021515e+00f, 4.789812565e+00f};
 
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kExpTableBits = 4;
