@@ -246,7 +246,7 @@ struct GeluErfForward {
 #endif
     return general(x);
   }
-  FASTOPS_GELU_GENERAL static FVec general(const FVec& x) {
+  FASTOPS_GELU_GENERAL static FVec general(FVec x) {
     FVec ex, q;
     erf_tail_parts<kAcc>(x, ex, q);
     // x < 0: (x * q) * ex keeps the intermediate normal where x * T alone would go subnormal.
@@ -269,7 +269,7 @@ struct GeluErfBackward {
 #endif
     return general(g, x);
   }
-  FASTOPS_GELU_GENERAL static FVec general(const FVec& g, const FVec& x) {
+  FASTOPS_GELU_GENERAL static FVec general(FVec g, FVec x) {
     FVec ex, q;
     erf_tail_parts<kAcc>(x, ex, q);
     const FVec tail = q * ex;
