@@ -211,6 +211,30 @@ def test_erf_form_negative_tail_is_accurate(device: str) -> None:
 
 
 @devices
+def test_erf_bulk_and_general_evaluations_agree(device: str) -> None:
+    """The CPU kernels evaluate a vector whose lanes all have |x| <= 7 with a cheaper formula and any
+    other vector with the general one: the same x meets the ulp bound (forward) and the gradient
+    bound either way, at the boundary too."""
+    edge = [7.0, -7.0, math.nextafter(7.0, 8.0), math.nextafter(-7.0, -8.0), 0.0, -0.0]
+    x = torch.cat([torch.linspace(-7.5, 7.5, 30001), torch.tensor(edge)]).to(device)
+    # Every vector of `mixed` holds lanes of -30 (outside the bulk) between the values of x.
+    mixed = torch.stack([x, torch.full_like(x, -30.0)], 1).flatten()
+    ref = reference.gelu(x.double())
+    normal = (ref.abs() > torch.finfo(torch.float32).tiny).cpu()
+    x64 = x.double().requires_grad_(True)
+    (grad64,) = torch.autograd.grad(reference.gelu(x64).sum(), x64)
+    for name, inp in (("bulk", x), ("general", mixed)):
+        step = 1 if name == "bulk" else 2
+        y = fastops.gelu(inp)[::step]
+        ulps = _ulps(y, ref)[normal]
+        assert ulps.max().item() <= 8, f"{name}: {ulps.max().item():.1f} ulp"
+        xg = inp.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(fastops.gelu(xg).sum(), xg)
+        err = (grad[::step].double() - grad64).abs().max().item()
+        assert err < 1e-6, f"{name}: gradient error {err:.2e}"
+
+
+@devices
 @FORMS
 def test_fp32_ulp_accuracy_everywhere(device: str, approximate: str) -> None:
     """Stricter than assert_close's atol=1e-5 (which alone would pass a 1e-5 relative error in the

@@ -22,7 +22,7 @@ namespace fastops::cpu {
 constexpr int64_t kElementwiseGrain = 32768;
 
 template <int NumIn, typename Op, typename V>
-inline V call_op(const Op& op, const std::array<V, NumIn>& a) {
+C10_ALWAYS_INLINE V call_op(const Op& op, const std::array<V, NumIn>& a) {
   if constexpr (NumIn == 1) {
     return op(a[0]);
   } else if constexpr (NumIn == 2) {
@@ -40,21 +40,28 @@ void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in
   using Vec = at::vec::Vectorized<T>;
   constexpr int64_t step = Vec::size();
   at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i += step) {
-      const int64_t count = std::min<int64_t>(step, end - i);
+    // Local copies of the pointers: the stores through dst could otherwise alias the captured ones
+    // (extensions build with -fno-strict-aliasing) and every iteration would reload them.
+    T* const dst = out;
+    const std::array<const T*, NumIn> src = in;
+    const auto vector_at = [&](int64_t i, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
       if constexpr (is_reduced_float_v<T>) {
         using FVec = at::vec::Vectorized<float>;
         std::array<FVec, NumIn> lo, hi;
         for (int k = 0; k < NumIn; ++k) {
-          std::tie(lo[k], hi[k]) = at::vec::convert_to_float<T>(Vec::loadu(in[k] + i, count));
+          std::tie(lo[k], hi[k]) = at::vec::convert_to_float<T>(Vec::loadu(src[k] + i, count));
         }
-        at::vec::convert_from_float<T>(call_op<NumIn>(op, lo), call_op<NumIn>(op, hi)).store(out + i, count);
+        at::vec::convert_from_float<T>(call_op<NumIn>(op, lo), call_op<NumIn>(op, hi)).store(dst + i, count);
       } else {
         std::array<Vec, NumIn> args;
-        for (int k = 0; k < NumIn; ++k) args[k] = Vec::loadu(in[k] + i, count);
-        call_op<NumIn>(op, args).store(out + i, count);
+        for (int k = 0; k < NumIn; ++k) args[k] = Vec::loadu(src[k] + i, count);
+        call_op<NumIn>(op, args).store(dst + i, count);
       }
-    }
+    };
+    // Whole vectors (count a constant, so loadu/store take their unmasked forms), then one partial.
+    int64_t i = begin;
+    for (; i + step <= end; i += step) vector_at(i, step);
+    if (i < end) vector_at(i, end - i);
   });
 }
 
