@@ -126,12 +126,18 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", nargs="+", choices=sorted(CONFIGS), default=None)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none")
     parser.add_argument("--profile", action="store_true", help="print per-op profiles (eager) and exit")
+    parser.add_argument(
+        "--layout",
+        choices=["channels_last", "nchw"],
+        default="channels_last",
+        help="memory format of the model and the batch (channels_last: the trainer's default)",
+    )
 
 
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     device = args.device
     configs = args.config or (["digits", "synthetic224"] if device == "cuda" else ["digits"])
-    memory_format = torch.channels_last  # the trainer's default on every device
+    memory_format = torch.channels_last if args.layout == "channels_last" else torch.contiguous_format
     if args.profile:  # prints instead of timing: no cases
         for config in configs:
             for provider in ("stock", "fastops"):
@@ -155,7 +161,8 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                 median = common.quantiles(times)[0]
                 return {"steps_per_s": 1e3 / median, "samples_per_s": batch * 1e3 / median}
 
-            yield common.BenchCase(f"{config} {mode}", "step", dtype, f"batch {batch}", steps, derived=rates)
+            size = f"batch {batch}" + ("" if args.layout == "channels_last" else ", NCHW")
+            yield common.BenchCase(f"{config} {mode}", "step", dtype, size, steps, derived=rates)
             del steps
 
 
