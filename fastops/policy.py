@@ -171,17 +171,18 @@ def runs_torch(module: nn.Module, op: str, x: Tensor, **details: object) -> bool
         x.requires_grad or any(p.requires_grad for p in module.parameters())
     )
     compiling = torch.compiler.is_compiling()  # a traced graph is decided once, when traced: no cache
+    cacheable = not compiling
     # The strides stand for the layout in the key (cheaper than testing it).
     key = (id(_REGIONS), len(_REGIONS), op, device, x.dtype, x.shape, x.stride(), backward, *details.items())
     try:
-        torch_runs = None if compiling else _DECISIONS.get(key)
-    except TypeError:  # a detail that cannot be hashed: decide every call
-        compiling, torch_runs = True, None
+        torch_runs = _DECISIONS.get(key) if cacheable else None
+    except TypeError:  # a detail that cannot be hashed: decide every call (and still count it)
+        cacheable, torch_runs = False, None
     if torch_runs is None:
         isa = cpu_isa() if device == "cpu" else None
         case = Case(op, device, isa, _channels_last(x), x.dtype, tuple(x.shape), backward, details)
         torch_runs = any(r.covers(case) for r in _REGIONS if r.op == op and r.device == device)
-        if not compiling:
+        if cacheable:
             if len(_DECISIONS) >= 4096:
                 _DECISIONS.clear()
             _DECISIONS[key] = torch_runs

@@ -89,6 +89,15 @@ def test_repeated_calls_reuse_the_decision_and_still_count(
     assert ours == ["fastops", "fastops"] and policy.fallback_counts()["depthwise_conv2d"] == 2
 
 
+def test_a_detail_that_cannot_be_hashed_is_decided_and_counted_every_call(auto: None, region: None) -> None:
+    policy.register_slower_region(_small_map_region())
+    m = DepthwiseConv2d(4, 3, padding=1)
+    x = torch.randn(2, 4, 8, 8)
+    for _ in range(2):
+        assert policy.runs_torch(m, "depthwise_conv2d", x, unhashable=[1, 2])
+    assert policy.fallback_counts()["depthwise_conv2d"] == 2
+
+
 def test_region_narrows_by_layout_dtype_and_training(
     auto: None, region: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
