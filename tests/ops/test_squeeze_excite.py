@@ -20,6 +20,8 @@ from tests.ops.contract import ContractTests, OpSpec, Sample
 COMBOS = list(itertools.product(ACTIVATIONS, GATES))
 # (N, C, H, W): odd sizes, HW = 1, C past one and across the NHWC kernel's 4-vector channel chunk
 # (64 floats on AVX-512) with a tail, C of one and two whole vectors (16, 32), long rows, an empty batch.
+# HW of 35 and 81 with N * C rows past a multiple of the vector width: the NCHW short-row group walks
+# (AVX2: 35; AVX-512: both) and the rows after the last whole group.
 SHAPES = [
     (2, 8, 5, 7),
     (3, 37, 5, 7),
