@@ -6,14 +6,36 @@
 #   bash .ci/gpu/run.sh bench      every benchmark with --device cuda
 #   bash .ci/gpu/run.sh models     timm models swapped vs stock: outputs, gradients, 50 training steps
 #   bash .ci/gpu/run.sh train      training-step benchmark: fastops convnet + timm models, bf16, channels_last
+#   bash .ci/gpu/run.sh all        all five in one command, within ALL_BUDGET seconds (default 480)
 # Each stage writes its logs and result files into $OUT/<stage>.tar.gz (OUT defaults to ./gpu-out).
 # The JIT build lands in ./.gpu-build (git-ignored); carrying that folder to the next machine skips
 # the rebuild. Extra arguments after the stage go to pytest (test/sanitize) or to each benchmark.
 set -uo pipefail
 stage=${1:-}
-[[ $stage =~ ^(test|sanitize|bench|models|train)$ ]] || { sed -n 2,11p "$0"; exit 2; }
+[[ $stage =~ ^(test|sanitize|bench|models|train|all)$ ]] || { sed -n 2,12p "$0"; exit 2; }
 shift
 cd "$(dirname "$0")/../.."
+
+if [[ $stage == all ]]; then
+  # One device command for a short lease (a session gets 15 minutes of device time, the machine's
+  # start included, and one command may run 10): the stages in order of what a run must show first,
+  # each capped at its share of ALL_BUDGET and at what is left of it; a stage that no longer fits
+  # says so and is skipped. Each stage packs its own $OUT/<stage>.tar.gz (5 files).
+  budget=${ALL_BUDGET:-480} start=$SECONDS
+  fits() {  # fits <stage> <seconds>: sets $secs to min(seconds, budget left) or returns 1
+    local left=$((budget - (SECONDS - start) - 10))
+    secs=$(($2 < left ? $2 : left))
+    ((secs >= 30)) || { echo "== $1: skipped, $left s of the $budget s budget left"; return 1; }
+    echo "== $1 (up to $secs s, $((SECONDS - start)) s into the budget)"
+  }
+  fits test 170 && TEST_TIMEOUT=$secs bash "$0" test
+  fits models 80 && MODELS_TIMEOUT=$secs bash "$0" models
+  fits bench 120 && BENCH_TIMEOUT=$((secs / 5)) bash "$0" bench --quick --no-compile
+  fits sanitize 70 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
+  fits train 60 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
+  echo "all: $((SECONDS - start)) s"
+  exit 0
+fi
 OUT=${OUT:-$PWD/gpu-out}
 work=$(mktemp -d)/$stage
 mkdir -p "$OUT" "$work"
@@ -59,13 +81,13 @@ sanitize)
   ;;
 bench)
   # depthwise_separable_conv2d has no CUDA kernel (CPU only): its benchmark refuses --device cuda.
-  for bench in ${FASTOPS_BENCHES:-clipped_log gelu fused_adam depthwise_conv2d}; do
+  for bench in ${FASTOPS_BENCHES:-clipped_log gelu fused_adam depthwise_conv2d squeeze_excite}; do
     timeout ${BENCH_TIMEOUT:-130} $PY -m "benchmarks.bench_$bench" --device cuda --out "$work" --min-time 0.3 "$@" >"$work/bench_$bench.log" 2>&1
     echo "bench_$bench: rc=$?"; tail -n 25 "$work/bench_$bench.log"
   done
   ;;
 models)
-  timeout 300 $PY -m pytest tests/models -q -p no:cacheprovider -rfE "$@" >"$work/models.log" 2>&1
+  timeout ${MODELS_TIMEOUT:-300} $PY -m pytest tests/models -q -p no:cacheprovider -rfE "$@" >"$work/models.log" 2>&1
   echo "models rc=$?"; tail -n 30 "$work/models.log"
   ;;
 train)
