@@ -169,10 +169,29 @@ def mlp_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
         yield common.BenchCase("mlp_activation", "fwd+bwd", dtype, f"{tokens}x{4 * d}", activation)
 
 
+CASES = ("erf", "tanh", "bias_gelu_erf", "bias_gelu_tanh", "mlp")
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated subset of {','.join(CASES)} (default: all)",
+    )
+
+
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
-    yield from gelu_cases(args)
-    yield from bias_gelu_cases(args)
-    yield from mlp_cases(args)
+    wanted = {c.strip() for c in args.cases.split(",") if c.strip()}
+    if unknown := wanted - set(CASES):
+        raise SystemExit(f"bench_gelu: unknown --cases {sorted(unknown)}; expected a subset of {list(CASES)}")
+    groups = (
+        (gelu_cases, {"erf", "tanh"}),
+        (bias_gelu_cases, {"bias_gelu_erf", "bias_gelu_tanh"}),
+        (mlp_cases, {"mlp"}),
+    )
+    for make, names in groups:
+        if names & wanted:  # a generator allocates its inputs before yielding: skip unwanted ones whole
+            yield from (c for c in make(args) if c.case.removesuffix("_activation") in wanted)
 
 
 def activation_share(results: list[common.Result]) -> list[common.Result]:
@@ -232,7 +251,9 @@ def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
 
 
 def main() -> None:
-    common.run_benchmark(OP, cases, description=__doc__.splitlines()[0], notes=notes, finish=activation_share)
+    common.run_benchmark(
+        OP, cases, description=__doc__.splitlines()[0], options=options, notes=notes, finish=activation_share
+    )
 
 
 if __name__ == "__main__":

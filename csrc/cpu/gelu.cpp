@@ -142,7 +142,8 @@ inline FVec horner(const std::array<float, N>& c, const FVec& u) {
 // Every lane of u <= c (false for NaN).
 inline bool all_le(const FVec& u, float c) {
 #if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_cmp_ps_mask(u, _mm512_set1_ps(c), _CMP_LE_OQ) == 0xFFFF;
+  const __mmask16 m = _mm512_cmp_ps_mask(u, _mm512_set1_ps(c), _CMP_LE_OQ);
+  return _kortestc_mask16_u8(m, m);
 #else
   return _mm256_movemask_ps(_mm256_cmp_ps(u, _mm256_set1_ps(c), _CMP_LE_OQ)) == 0xFF;
 #endif
@@ -361,7 +362,7 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
 
 // Applies f(i, col, len) to every row segment of the flat range [begin, end) of a rows x n matrix.
 template <typename F>
-inline void for_each_row_segment(int64_t begin, int64_t end, int64_t n, const F& f) {
+C10_ALWAYS_INLINE void for_each_row_segment(int64_t begin, int64_t end, int64_t n, const F& f) {
   int64_t i = begin;
   int64_t col = begin % n;
   while (i < end) {
@@ -372,8 +373,8 @@ inline void for_each_row_segment(int64_t begin, int64_t end, int64_t n, const F&
   }
 }
 
-// One vector step of the bias loops: count (<= Vectorized<T>::size()) elements of a at p and of
-// the opmath bias at b, widened to opmath vectors (two for fp16/bf16) with the bias added.
+// One vector step of the bias loops: count (<= Vectorized<T>::size()) elements of T, or of the opmath
+// bias, widened to opmath vectors (two for fp16/bf16, the second unused otherwise), and the store back.
 template <typename T>
 struct BiasStep {
   using Vec = at::vec::Vectorized<T>;
@@ -381,18 +382,7 @@ struct BiasStep {
   using MVec = at::vec::Vectorized<M>;
   static constexpr int64_t kStep = Vec::size();
 
-  static std::pair<MVec, MVec> load_biased(const T* p, const M* b, int64_t count) {
-    if constexpr (is_reduced_float_v<T>) {
-      auto [lo, hi] = at::vec::convert_to_float<T>(Vec::loadu(p, count));
-      constexpr int64_t half = FVec::size();
-      const FVec b_lo = FVec::loadu(b, std::min(count, half));
-      const FVec b_hi = count > half ? FVec::loadu(b + half, count - half) : FVec(0.0f);
-      return {lo + b_lo, hi + b_hi};
-    } else {
-      return {Vec::loadu(p, count) + MVec::loadu(b, count), MVec(M(0))};
-    }
-  }
-  static std::pair<MVec, MVec> load(const T* p, int64_t count) {
+  static C10_ALWAYS_INLINE std::pair<MVec, MVec> load(const T* p, int64_t count) {
     if constexpr (is_reduced_float_v<T>) {
       const auto [lo, hi] = at::vec::convert_to_float<T>(Vec::loadu(p, count));
       return {lo, hi};
@@ -400,17 +390,32 @@ struct BiasStep {
       return {Vec::loadu(p, count), MVec(M(0))};
     }
   }
-  static void store(T* p, const MVec& lo, const MVec& hi, int64_t count) {
+  static C10_ALWAYS_INLINE std::pair<MVec, MVec> load_opmath(const M* b, int64_t count) {
     if constexpr (is_reduced_float_v<T>) {
-      at::vec::convert_from_float<T>(lo, hi).store(p, count);
+      constexpr int64_t half = MVec::size();
+      return {MVec::loadu(b, std::min(count, half)), count > half ? MVec::loadu(b + half, count - half) : MVec(0.0f)};
+    } else {
+      return {MVec::loadu(b, count), MVec(M(0))};
+    }
+  }
+  static C10_ALWAYS_INLINE void store_opmath(M* b, const MVec& lo, const MVec& hi, int64_t count) {
+    constexpr int64_t half = MVec::size();
+    lo.store(b, std::min(count, half));
+    if (is_reduced_float_v<T> && count > half) hi.store(b + half, count - half);
+  }
+  template <typename Narrow>
+  static C10_ALWAYS_INLINE void store(T* p, const MVec& lo, const MVec& hi, int64_t count, const Narrow& narrow) {
+    if constexpr (is_reduced_float_v<T>) {
+      narrow(lo, hi).store(p, count);
     } else {
       lo.store(p, count);
     }
   }
 };
 
-template <typename T, typename Op>
-void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t numel, int64_t n, const Op& op) {
+template <typename T, typename Op, typename Narrow>
+void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t numel, int64_t n, const Op& op,
+                            const Narrow& narrow) {
   using S = BiasStep<T>;
   at::parallel_for(0, numel, kElementwiseGrain, [&](int64_t begin, int64_t end) {
     // Local copies, so that the stores through dst cannot alias them (see elementwise).
@@ -418,14 +423,15 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
     const T* const src = x;
     const opmath_t<T>* const b = bias;
     const auto vector_at = [&](int64_t i, int64_t col, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
-      const auto [lo, hi] = S::load_biased(src + i, b + col, count);
+      const auto [x_lo, x_hi] = S::load(src + i, count);
+      const auto [b_lo, b_hi] = S::load_opmath(b + col, count);
       if constexpr (is_reduced_float_v<T>) {
-        S::store(dst + i, op(lo), op(hi), count);
+        S::store(dst + i, op(x_lo + b_lo), op(x_hi + b_hi), count, narrow);
       } else {
-        S::store(dst + i, op(lo), hi, count);
+        S::store(dst + i, op(x_lo + b_lo), x_hi, count, narrow);
       }
     };
-    for_each_row_segment(begin, end, n, [&](int64_t i, int64_t col, int64_t len) {
+    for_each_row_segment(begin, end, n, [&](int64_t i, int64_t col, int64_t len) C10_ALWAYS_INLINE_ATTRIBUTE {
       int64_t j = 0;
       for (; j + S::kStep <= len; j += S::kStep) vector_at(i + j, col + j, S::kStep);
       if (j < len) vector_at(i + j, col + j, len - j);
@@ -435,15 +441,19 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
 
 // Tiling of the grad_bias reduction; a function of (rows, n) only, so the summation order (and
 // with it every bit of grad_bias) does not depend on the number of threads. Column blocks as wide as
-// a 4096-feature row (a 16 KiB fp32 accumulator, in L1): with 1024 a tile read its three streams in
-// 4 KiB pieces 16 KiB apart, which the prefetchers follow badly (fp32 1024x4096 backward ~4.1 -> ~3.5 ms).
+// a 4096-feature row (a 16 KiB fp32 accumulator): with 1024 a tile read its three streams in 4 KiB
+// pieces 16 KiB apart, which the prefetchers follow badly (fp32 1024x4096 backward ~4.1 -> ~3.5 ms).
+// Within a tile, kRowGroup rows go down each column vector together: the bias and the accumulator are
+// loaded once and the accumulator stored once per group (a 16 KiB bias and a 16 KiB accumulator fill
+// a 32 KiB L1 by themselves, beside three streams), the rows still added in order.
 constexpr int64_t kColBlock = 4096;
 constexpr int64_t kMaxRowBlocks = 64;
 constexpr int64_t kMinTileElements = 16384;
+constexpr int kRowGroup = 4;
 
-template <typename T, typename Op>
+template <typename T, typename Op, typename Narrow>
 void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, const T* x, const opmath_t<T>* bias,
-                             int64_t rows, int64_t n, const Op& op) {
+                             int64_t rows, int64_t n, const Op& op, const Narrow& narrow) {
   using S = BiasStep<T>;
   using M = opmath_t<T>;
   using MVec = at::vec::Vectorized<M>;
@@ -460,35 +470,45 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
     const T* const g_in = grad;
     const T* const x_in = x;
     const M* const b = bias;
+    const int64_t stride = n;
     alignas(64) M acc[kColBlock];
-    const auto vector_at = [&](int64_t base, int64_t c0, int64_t j, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
-      const auto [h_lo, h_hi] = S::load_biased(x_in + base + j, b + c0 + j, count);
-      const auto [g_lo, g_hi] = S::load(g_in + base + j, count);
-      const MVec d_lo = op(g_lo, h_lo);
+    // One row at offset off: grad_x, added to the accumulator pair a (the rows in order).
+    const auto row_at = [&](int64_t off, const auto& bv, auto& a, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const auto [x_lo, x_hi] = S::load(x_in + off, count);
+      const auto [g_lo, g_hi] = S::load(g_in + off, count);
       // Accumulate the unrounded fp32 gradient: grad_bias is then the fp32 sum of exact terms.
-      constexpr int64_t mstep = MVec::size();
-      (MVec::loadu(acc + j, std::min(count, mstep)) + d_lo).store(acc + j, std::min(count, mstep));
       if constexpr (is_reduced_float_v<T>) {
-        const MVec d_hi = op(g_hi, h_hi);
-        if (count > mstep) {
-          (MVec::loadu(acc + j + mstep, count - mstep) + d_hi).store(acc + j + mstep, count - mstep);
-        }
-        S::store(dx_out + base + j, d_lo, d_hi, count);
+        const MVec d_lo = op(g_lo, x_lo + bv.first);
+        const MVec d_hi = op(g_hi, x_hi + bv.second);
+        a.first = a.first + d_lo;
+        a.second = a.second + d_hi;
+        S::store(dx_out + off, d_lo, d_hi, count, narrow);
       } else {
-        S::store(dx_out + base + j, d_lo, d_lo, count);
+        const MVec d = op(g_lo, x_lo + bv.first);
+        a.first = a.first + d;
+        S::store(dx_out + off, d, d, count, narrow);
       }
     };
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t rb = task / col_blocks, cb = task % col_blocks;
       const int64_t c0 = cb * kColBlock, width = std::min(kColBlock, n - c0);
       const int64_t r0 = rb * rows_per_block, r1 = std::min(rows, r0 + rows_per_block);
-      std::fill(acc, acc + width, M(0));
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t base = r * n + c0;
+      // Rows [r, r + kRows) at columns c0 + j + [0, count): the bias and the accumulator loaded once.
+      const auto vector_at = [&](auto k_rows, int64_t r, int64_t j, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
+        const auto bv = S::load_opmath(b + c0 + j, count);
+        auto a = S::load_opmath(acc + j, count);
+        for (int k = 0; k < decltype(k_rows)::value; ++k) row_at((r + k) * stride + c0 + j, bv, a, count);
+        S::store_opmath(acc + j, a.first, a.second, count);
+      };
+      const auto walk_rows = [&](auto k_rows, int64_t r) C10_ALWAYS_INLINE_ATTRIBUTE {
         int64_t j = 0;
-        for (; j + S::kStep <= width; j += S::kStep) vector_at(base, c0, j, S::kStep);
-        if (j < width) vector_at(base, c0, j, width - j);
-      }
+        for (; j + S::kStep <= width; j += S::kStep) vector_at(k_rows, r, j, S::kStep);
+        if (j < width) vector_at(k_rows, r, j, width - j);
+      };
+      std::fill(acc, acc + width, M(0));
+      int64_t r = r0;
+      for (; r + kRowGroup <= r1; r += kRowGroup) walk_rows(std::integral_constant<int, kRowGroup>{}, r);
+      for (; r < r1; ++r) walk_rows(std::integral_constant<int, 1>{}, r);
       std::copy(acc, acc + width, partial_ptr + rb * n + c0);
     }
   });
@@ -506,13 +526,15 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fastops_bias_gelu_cpu", [&] {
     using M = opmath_t<scalar_t>;
     const at::Tensor bias = bias_in.to(c10::CppTypeToScalarType<M>::value).contiguous();
-    if (use_tanh) {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
-                             n, GeluTanhForward{});
-    } else {
-      bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), x.numel(),
-                             n, GeluErfForward<accuracy_for<scalar_t>()>{});
-    }
+    with_narrowing<scalar_t>([&](const auto narrow) {
+      if (use_tanh) {
+        bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
+                               x.numel(), n, GeluTanhForward{}, narrow);
+      } else {
+        bias_gelu_forward_loop(y.data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(),
+                               x.numel(), n, GeluErfForward<accuracy_for<scalar_t>()>{}, narrow);
+      }
+    });
   });
   return y;
 }
@@ -535,14 +557,17 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
     const at::Tensor bias = bias_in.to(opmath_dtype).contiguous();
     at::Tensor acc = at::empty({n}, x.options().dtype(opmath_dtype));
     const int64_t rows = x.numel() / n;
-    if (use_tanh) {
-      bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
-                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluTanhBackward{});
-    } else {
-      bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
-                              x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n,
-                              GeluErfBackward<Accuracy::kFull>{});
-    }
+    with_narrowing<scalar_t>([&](const auto narrow) {
+      if (use_tanh) {
+        bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
+                                x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n, GeluTanhBackward{},
+                                narrow);
+      } else {
+        bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
+                                x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n,
+                                GeluErfBackward<Accuracy::kFull>{}, narrow);
+      }
+    });
     grad_bias = acc.to(x.scalar_type());
   });
   return {dx, grad_bias};

@@ -291,6 +291,29 @@ def test_special_values(device: str, dtype: torch.dtype, approximate: str) -> No
     assert grad[3].item() == 0.5 and grad[5].item() == 0.0 and grad[6].item() == 1.0
 
 
+@devices
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_subnormal_results_are_rounded_not_flushed(device: str, dtype: torch.dtype) -> None:
+    # gelu(x) ~ x / 2 and gelu'(0) = 1/2: subnormal fp32 results, which the narrowing must round to
+    # the nearest fp16/bf16 as PyTorch does (AVX512_BF16's instruction alone would flush them to zero).
+    # 40 values, so that whole vectors and a partial one (16 and 32 lanes) both carry them.
+    tiny = torch.finfo(dtype).tiny
+    # down to tiny * 2^-7 (bf16: 2^-133, its smallest subnormal), so every x and x / 2 is nonzero
+    scales = torch.tensor([2.0**-k for k in range(1, 7)], dtype=torch.float64)
+    x64 = torch.cat([scales, -scales] * 4)[:40] * tiny
+    x = x64.to(dtype=dtype, device=device)
+    assert (x != 0).all()
+    y = fastops.gelu(x)
+    assert (y != 0).all(), f"subnormal results flushed to zero: {y[y == 0]}"
+    assert_close_to_reference(y, F.gelu(x.double()), rtol=1e-2)
+    zeros = torch.zeros_like(x)
+    dx = torch.ops.fastops.gelu_backward(x, zeros, "none")
+    assert torch.equal(dx, (x.float() * 0.5).to(dtype))
+    rows = torch.stack([x, x])
+    dx2, _ = torch.ops.fastops.bias_gelu_backward(rows, torch.zeros_like(rows), zeros, "none")
+    assert torch.equal(dx2, (rows.float() * 0.5).to(dtype))
+
+
 def test_fp64_matches_reference_tightly() -> None:
     # The tanh form's result is ill-conditioned in y = k (x + c x^3) far left (|y| ~ 1000 at x = -30):
     # one ulp of y is ~2000 ulp of the result, hence the looser bound there.

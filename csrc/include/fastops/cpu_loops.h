@@ -33,10 +33,9 @@ C10_ALWAYS_INLINE V call_op(const Op& op, const std::array<V, NumIn>& a) {
   }
 }
 
-// out[i] = op(in[0][i], ...) over n elements walked flat; op maps Vectorized<opmath_t<T>> arguments
-// to one Vectorized<opmath_t<T>>.
-template <typename T, int NumIn, typename Op>
-void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in) {
+// elementwise with narrow(lo, hi) -> Vectorized<T> as the fp32 -> fp16/bf16 conversion (with_narrowing).
+template <typename T, int NumIn, typename Op, typename Narrow>
+void elementwise_loop(T* out, int64_t n, const Op& op, const std::array<const T*, NumIn>& in, const Narrow& narrow) {
   using Vec = at::vec::Vectorized<T>;
   constexpr int64_t step = Vec::size();
   at::parallel_for(0, n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
@@ -51,7 +50,7 @@ void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in
         for (int k = 0; k < NumIn; ++k) {
           std::tie(lo[k], hi[k]) = at::vec::convert_to_float<T>(Vec::loadu(src[k] + i, count));
         }
-        at::vec::convert_from_float<T>(call_op<NumIn>(op, lo), call_op<NumIn>(op, hi)).store(dst + i, count);
+        narrow(call_op<NumIn>(op, lo), call_op<NumIn>(op, hi)).store(dst + i, count);
       } else {
         std::array<Vec, NumIn> args;
         for (int k = 0; k < NumIn; ++k) args[k] = Vec::loadu(src[k] + i, count);
@@ -63,6 +62,13 @@ void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in
     for (; i + step <= end; i += step) vector_at(i, step);
     if (i < end) vector_at(i, end - i);
   });
+}
+
+// out[i] = op(in[0][i], ...) over n elements walked flat; op maps Vectorized<opmath_t<T>> arguments
+// to one Vectorized<opmath_t<T>>.
+template <typename T, int NumIn, typename Op>
+void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in) {
+  with_narrowing<T>([&](const auto narrow) { elementwise_loop<T, NumIn>(out, n, op, in, narrow); });
 }
 
 }  // namespace fastops::cpu

@@ -13,8 +13,14 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(CPU_CAPABILITY_AVX512)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 
@@ -94,6 +100,75 @@ inline void store_row(T* dst, const A* src, int64_t n) {
   int64_t i = 0;
   for (; i + V::size() <= n; i += V::size()) store_opmath<T>(dst + i, V::loadu(src + i), V::size());
   for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+// ---- fp32 -> fp16/bf16 narrowing of two vectors -------------------------------------------------
+// The elementwise loops narrow through a functor chosen once per call (with_narrowing), so that a
+// faster instruction found at run time costs no test per vector.
+//
+// at::vec narrows fp32 to bf16 in integer arithmetic (round to nearest even, NaN to 0xFFFF): about 8
+// instructions per 16 lanes plus a pack and a permute, a third of a bf16 gelu forward. AVX512_BF16's
+// VCVTNE2PS2BF16 narrows two vectors in one instruction with the same rounding for every normal value
+// (checked over 10^8 random normal patterns on a Zen 4). It differs in two cases: a NaN keeps its sign and
+// payload (quieted; still a NaN, as torch's scalar conversion gives 0x7FC0 and its vector one 0xFFFF), and
+// subnormal inputs are read as zero where rounding gives a subnormal bf16 (bf16 shares fp32's exponent
+// range, so only subnormal fp32 values give subnormal bf16). A vector holding any subnormal lane
+// (VFPCLASSPS) therefore takes at::vec's conversion. The AVX-512 build does not assume the extension
+// (Skylake-X to Ice Lake lack it): the instruction is inline assembly, used only where CPUID says the
+// CPU has it. FASTOPS_AVX512_BF16=0 in the environment (read once) turns it off, to test the other path.
+
+template <typename T>
+struct NarrowAtVec {
+  C10_ALWAYS_INLINE at::vec::Vectorized<T> operator()(const at::vec::Vectorized<float>& lo,
+                                                      const at::vec::Vectorized<float>& hi) const {
+    return at::vec::convert_from_float<T>(lo, hi);
+  }
+};
+
+#if defined(CPU_CAPABILITY_AVX512)
+inline bool detect_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16 (the AVX-512 register state is already enabled: this
+  // build runs only where avx512f is usable).
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
+  const char* env = std::getenv("FASTOPS_AVX512_BF16");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = detect_avx512_bf16();
+  return has;
+}
+
+struct NarrowBf16Avx512 {
+  C10_ALWAYS_INLINE at::vec::Vectorized<c10::BFloat16> operator()(const at::vec::Vectorized<float>& lo,
+                                                                  const at::vec::Vectorized<float>& hi) const {
+    const __m512 l = lo, h = hi;
+    // 0x20: denormal.
+    if (C10_UNLIKELY((_mm512_fpclass_ps_mask(l, 0x20) | _mm512_fpclass_ps_mask(h, 0x20)) != 0)) {
+      return at::vec::convert_from_float<c10::BFloat16>(lo, hi);
+    }
+    __m512i out;
+    // Intel order vcvtne2ps2bf16 dst, src1 (upper 16), src2 (lower 16); AT&T reverses the operands.
+    asm("vcvtne2ps2bf16 %[lo], %[hi], %[out]" : [out] "=v"(out) : [lo] "v"(l), [hi] "v"(h));
+    return out;
+  }
+};
+#endif
+
+// f(narrow) with narrow(lo, hi) -> Vectorized<T>: the AVX512_BF16 instruction for bf16 where the CPU has
+// it, at::vec's conversion otherwise.
+template <typename T, typename F>
+C10_ALWAYS_INLINE void with_narrowing(const F& f) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (cpu_has_avx512_bf16()) {
+      f(NarrowBf16Avx512{});
+      return;
+    }
+  }
+#endif
+  f(NarrowAtVec<T>{});
 }
 
 // ---- fp32 ISA helpers ----------------------------------------------------------------------------
