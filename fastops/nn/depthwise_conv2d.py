@@ -363,9 +363,9 @@ _fp32, _bf16 = torch.float32, torch.bfloat16
 # fmt: off
 # (ISA, channels_last, dtype, training, the region in words, what was measured there, the region)
 for _region in [
-    ("avx512", False, _fp32, False, "kernels to 5x5, stride 1, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.98-1.08x (c576.14 1.21-1.37x given away)", lambda c: _kernel(c) <= 5 and not _strided(c) and _out_side(c) <= 14),
+    ("avx512", False, _fp32, False, "5x5 kernels to outputs 14x14 (not measured); 3x3 stride 1, outputs 8x8 to 14x14", f"{_NCHW_BLOCKED}: c384.14 0.98-1.25x over 5 runs (c576.14 1.13-1.42x given away)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14 and (_kernel(c) > 3 or (not _strided(c) and _out_side(c) > 7))),
     ("avx512", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.78-0.89x", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
-    ("avx512", False, _fp32, True, "kernels to 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.84-1.25x, none over 1.05x in both runs but c576.14 (1.17-1.18x, given away)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14),
+    ("avx512", False, _fp32, True, "5x5 kernels to outputs 14x14 (not measured); 3x3 stride 1, outputs 8x8 to 14x14; 3x3 strided, outputs to 7x7", f"{_NCHW_BLOCKED}: c576.14.s2 0.83-1.03x, c384.14 0.91-1.13x (c576.14 1.10-1.22x given away)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14 and (_kernel(c) > 3 or (_out_side(c) <= 7 if _strided(c) else _out_side(c) > 7))),
     ("avx512", False, _bf16, False, "kernels to 5x5, outputs to 28x28 or strided", f"{_NCHW_AVX512}: 0.28-0.98x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 28 or _strided(c))),
     ("avx512", False, _bf16, False, "kernels over 5x5, outputs to 28x28", f"{_NCHW_AVX512}: 0.31-0.69x", lambda c: _kernel(c) > 5 and _out_side(c) <= 28),
     ("avx512", False, _bf16, True, "kernels to 5x5, stride 1, outputs to 28x28", f"{_NCHW_AVX512}: 0.27-0.84x", lambda c: _kernel(c) <= 5 and not _strided(c) and _out_side(c) <= 28),
