@@ -13,7 +13,9 @@
 //
 // fp32 small maps take a channel-blocked path instead (blocked_conv, blocked_wgrad, use_blocked):
 // one image and 16 (AVX-512) / 8 (AVX2) channels per task, transposed into a zero-padded tile with
-// the channels innermost, so the taps vectorise over channels as in the NHWC kernels.
+// the channels innermost, so the taps vectorise over channels as in the NHWC kernels. Its input
+// gradient at any stride is a stride-1 forward over grad_output spread out by the stride: (s*s - 1)
+// of s*s products multiply an inserted zero, still faster than the phase planes on small maps.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -215,6 +217,7 @@ void plane_weight_sums(A* out, const A* buf, const A* gb, const std::vector<int6
 struct BlockedGeom {
   int64_t H, W, OH, OW, KH, KW, sh, sw, dh, dw, pt, pl;
   int64_t P, OWp, Hp, Wp;  // pixels per register block, output row width rounded to P, tile size
+  int64_t uh = 1, uw = 1;  // input pixel (i, j) goes to tile (i * uh + pt, j * uw + pl)
 };
 
 BlockedGeom blocked_geom(int64_t H, int64_t W, int64_t OH, int64_t OW, const DepthwiseGeometry& g, int64_t pt,
@@ -419,7 +422,7 @@ void blocked_conv(float* yp, const float* xp, const float* wt, const float* bias
   std::vector<int64_t> xpos(HW), ypos(OHW);
   for (int64_t i = 0; i < b.H; ++i) {
     for (int64_t j = 0; j < b.W; ++j) {
-      const int64_t r = i + b.pt, c = j + b.pl;
+      const int64_t r = i * b.uh + b.pt, c = j * b.uw + b.pl;
       xpos[i * b.W + j] = (r < b.Hp && c < b.Wp) ? r * b.Wp + c : -1;
     }
   }
@@ -650,10 +653,15 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
   T* dxp = dx.data_ptr<T>();
   const A* wp = wacc.const_data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
-    // Stride 1: dx is the forward of grad_output padded by (K - 1) * d - p, with the flipped kernel.
+    // dx is the stride-1 forward, with the flipped kernel, of grad_output spread out by the stride
+    // (zeros between its pixels) and padded by (K - 1) * d - p.
     const int64_t top = (g.KH - 1) * g.dh - g.pt, left = (g.KW - 1) * g.dw - g.pl;
-    if (g.sh == 1 && g.sw == 1 && top >= 0 && left >= 0) {
-      const BlockedGeom b = blocked_geom(g.OH, g.OW, g.H, g.W, g, top, left);
+    if (top >= 0 && left >= 0) {
+      DepthwiseGeometry g1 = g;
+      g1.sh = g1.sw = 1;
+      BlockedGeom b = blocked_geom(g.OH, g.OW, g.H, g.W, g1, top, left);
+      b.uh = g.sh;
+      b.uw = g.sw;
       if (use_blocked(g, b)) {
         const std::vector<float> wt = blocked_weights(wp, g.C, taps, true);
         blocked_conv(dxp, gp, wt.data(), nullptr, g.N, g.C, b);

@@ -88,9 +88,10 @@ MOBILENET_FP32_CASES = [
 WGRAD_CASES = [(4, 16, 64, 64, 3, 1, 1, 1), (3, 8, 48, 48, 7, 1, 1, 3), (0, 8, 9, 9, 3, 1, 1, 1)]
 
 # The fp32 NCHW channel-blocked path (small maps: 16/8 channels transposed into a padded tile): C
-# below, at and past the vector width (tails of 1-15 lanes), odd and rectangular maps, stride 2,
-# dilation, asymmetric padding, padding past the kernel's span (the input gradient's plane path),
-# output widths of every register block size, outputs over 1 MiB; fp32, contiguous and sliced.
+# below, at and past the vector width (tails of 1-15 lanes), odd and rectangular maps, stride 2 (the
+# input gradient over a spread-out grad_output), dilation, asymmetric padding, padding past the
+# kernel's span (the input gradient's plane path), output widths of every register block size,
+# outputs over 1 MiB; fp32, contiguous and sliced.
 NCHW_BLOCKED_CASES = [
     (2, 17, 7, 7, 3, 1, 1, 1),
     (1, 33, 13, 11, 3, 2, 1, 1),
@@ -100,6 +101,9 @@ NCHW_BLOCKED_CASES = [
     (1, 9, 6, 23, 3, 1, 1, (3, 0, 2, 4)),
     (1, 48, 28, 28, 3, 2, 1, 1),
     (2, 8, 5, 4, 7, 1, 1, 3),
+    (2, 20, 11, 13, 3, (2, 1), 1, 1),  # input gradient: grad_output spread by (2, 1)
+    (2, 24, 15, 15, 5, 2, 1, 2),
+    (1, 16, 14, 13, 7, 2, 1, 3),
     (32, 40, 15, 15, 5, 1, 1, 2),  # over 1 MiB of output: streaming stores, some blocks unaligned
     (32, 40, 16, 16, 5, 1, 1, 2),  # the same with whole cache lines per 8-channel block (AVX2)
 ]
