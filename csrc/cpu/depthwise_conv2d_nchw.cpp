@@ -579,7 +579,7 @@ void blocked_wgrad(float* ws, const float* xp, const float* gp, int64_t N, int64
 }
 
 // (C, taps) weights -> (C/L blocks, taps, L), zero-padded; flip reverses the taps (the input
-// gradient at stride 1 is the forward of grad_output with the kernel turned 180 degrees).
+// gradient is a forward over grad_output with the kernel turned 180 degrees).
 std::vector<float> blocked_weights(const float* w, int64_t C, int64_t taps, bool flip) {
   constexpr int64_t L = at::vec::Vectorized<float>::size();
   std::vector<float> wt(div_up(C, L) * taps * L, 0.f);
@@ -707,7 +707,7 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   A* wsp = ws.data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
     // Small output planes only: each tap's sum runs over the plane in one chain per lane (two for
-    // 3-wide kernels), so the plane bounds the fp32 rounding.
+    // 3-wide rows of other kernels), so the plane bounds the fp32 rounding.
     const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
     if (g.OH * g.OW <= 256 && use_blocked(g, b)) {
       blocked_wgrad(wsp, xp, gp, g.N, g.C, b);
