@@ -224,11 +224,25 @@ def test_registered_depthwise_regions() -> None:
         case = _conv_case(*case_args)  # type: ignore[arg-type]
         return any(r.covers(case) for r in policy.regions("depthwise_conv2d"))
 
-    # Measured (benchmarks/results/swap_policy_cpu_dw_nchw*): oneDNN wins NCHW small maps, ours large.
+    # Measured (benchmarks/results/swap_policy_cpu_dw_nchw*, depthwise_conv2d_cpu_nchw_blocked.md):
+    # oneDNN wins NCHW fp32 7x7 kernels on maps to 14x14 inference and, on AVX-512, 3x3 stride-1
+    # 14x14 maps; ours (the channel-blocked kernels) 3x3 on 7x7 maps, the strided small maps, 7x7
+    # kernels from 28x28 and, on AVX2, every 3x3 map.
     assert torch_runs("avx512", False, torch.float32, False, 14, 3, 1)
+    assert not torch_runs("avx512", False, torch.float32, False, 7, 3, 1)
+    assert not torch_runs("avx512", False, torch.float32, True, 7, 3, 1)
+    assert not torch_runs("avx512", False, torch.float32, True, 14, 3, 2)
+    assert torch_runs("avx512", False, torch.float32, True, 14, 3, 1)
+    assert not torch_runs("avx512", False, torch.float32, True, 28, 3, 2)
+    assert not torch_runs("avx512", False, torch.float32, False, 28, 3, 2)
+    assert not torch_runs("avx512", False, torch.float32, False, 28, 7, 1)
+    assert torch_runs("avx512", False, torch.float32, False, 14, 7, 1)
     assert torch_runs("avx512", False, torch.float32, True, 7, 7, 1) is False  # our 7x7 wgrad wins
     assert not torch_runs("avx512", False, torch.float32, False, 112, 3, 1)
-    assert torch_runs("avx2", False, torch.float32, False, 7, 3, 1)
+    assert not torch_runs("avx2", False, torch.float32, False, 7, 3, 1)
+    assert not torch_runs("avx2", False, torch.float32, True, 14, 3, 2)
+    assert not torch_runs("avx2", False, torch.float32, False, 28, 7, 1)
+    assert torch_runs("avx2", False, torch.float32, False, 14, 7, 1)
     assert not torch_runs("avx2", False, torch.bfloat16, False, 7, 3, 1)  # no oneDNN bf16 on AVX2
     # channels_last (swap_policy_cpu_dw_cl*): oneDNN wins small 3x3 maps and 7x7 inference on
     # AVX-512, bf16 inference everywhere there; ours wins the 7x7 training step and AVX2 bf16.

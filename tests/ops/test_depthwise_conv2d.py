@@ -87,6 +87,27 @@ MOBILENET_FP32_CASES = [
 # empty batch: the zero-position path), on every device and layout.
 WGRAD_CASES = [(4, 16, 64, 64, 3, 1, 1, 1), (3, 8, 48, 48, 7, 1, 1, 3), (0, 8, 9, 9, 3, 1, 1, 1)]
 
+# The fp32 NCHW channel-blocked path (small maps: 16/8 channels transposed into a padded tile): C
+# below, at and past the vector width (tails of 1-15 lanes), odd and rectangular maps, stride 2 (the
+# input gradient over a spread-out grad_output), dilation, asymmetric padding, padding past the
+# kernel's span (the input gradient's plane path), output widths of every register block size,
+# outputs over 1 MiB; fp32, contiguous and sliced.
+NCHW_BLOCKED_CASES = [
+    (2, 17, 7, 7, 3, 1, 1, 1),
+    (1, 33, 13, 11, 3, 2, 1, 1),
+    (3, 24, 14, 14, 7, 1, 1, 3),
+    (1, 40, 9, 15, 5, 1, 2, 4),
+    (2, 16, 10, 9, (3, 5), (2, 1), (1, 2), (0, 2, 1, 3)),
+    (1, 9, 6, 23, 3, 1, 1, (3, 0, 2, 4)),
+    (1, 48, 28, 28, 3, 2, 1, 1),
+    (2, 8, 5, 4, 7, 1, 1, 3),
+    (2, 20, 11, 13, 3, (2, 1), 1, 1),  # input gradient: grad_output spread by (2, 1)
+    (2, 24, 15, 15, 5, 2, 1, 2),
+    (1, 16, 14, 13, 7, 2, 1, 3),
+    (32, 40, 15, 15, 5, 1, 1, 2),  # over 1 MiB of output: streaming stores, some blocks unaligned
+    (32, 40, 16, 16, 5, 1, 1, 2),  # the same with whole cache lines per 8-channel block (AVX2)
+]
+
 GRID_CASES = _case_grid()
 CASES = GRID_CASES + EDGE_CASES + VECTOR_CASES
 LAYOUTS = ("contiguous", "channels_last", "sliced")
@@ -153,6 +174,7 @@ def depthwise_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> I
         cases += [(c, layout) for c in MOBILENET_CASES + WGRAD_CASES for layout in TWO_LAYOUTS]
     if dtype == torch.float32:
         cases += [(c, layout) for c in MOBILENET_FP32_CASES for layout in TWO_LAYOUTS]
+        cases += [(c, layout) for c in NCHW_BLOCKED_CASES for layout in ("contiguous", "sliced")]
     yield from _samples(cases, device, dtype, requires_grad)
     yield from _samples(
         [(c, "channels_last") for c in EDGE_CASES[:4]], device, dtype, requires_grad, bias=False
