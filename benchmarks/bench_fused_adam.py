@@ -85,9 +85,12 @@ def make_params(shapes: list[tuple], device: str, dtype: torch.dtype) -> list[to
 def with_aligned_state(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """opt with its Adam state created now, page-aligned (see page_aligned_empty), in the form the
     optimizer would create at its first step (torch.optim.AdamW and fastops.optim.FusedAdamW both
-    create state only for a param whose state is empty)."""
+    create state only for a param whose state is empty). CPU params only: elsewhere each optimizer
+    keeps its own (where its step tensor lives differs between torch's variants off the CPU)."""
     for group in opt.param_groups:
         for p in group["params"]:
+            if p.device.type != "cpu":
+                continue
             opt.state[p] = {
                 "step": torch.zeros((), dtype=torch.float32, device=p.device),
                 "exp_avg": page_aligned_empty(tuple(p.shape), p.device.type, p.dtype).zero_(),
