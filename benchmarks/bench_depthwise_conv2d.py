@@ -42,6 +42,16 @@ CONVNEXT_ATTO = [
     ("cnxa.c160.14.k7", 160, 14, 7, 1),
     ("cnxa.c320.7.k7", 320, 7, 7, 1),
 ]
+# The depthwise layers of fastops.train.model.ConvNet as the main job builds it (digits: 16x16 input,
+# width 32; the bench_train config): small maps and channel counts, run at batch 64. Used by
+# bench_swap_policy (not part of this benchmark's own default list).
+DIGITS_CONVNET = [
+    ("digits.c32.16.s1", 32, 16, 3, 1),
+    ("digits.c32.16.s2", 32, 16, 3, 2),
+    ("digits.c64.8.s1", 64, 8, 3, 1),
+    ("digits.c64.8.s2", 64, 8, 3, 2),
+    ("digits.c128.4.s1", 128, 4, 3, 1),
+]
 QUICK = ["mbv2.c32.112.s1", "mbv2.c96.112.s2", "mbv2.c384.14.s1", "cnxa.c40.56.k7"]
 PASSES = ("fwd", "dgrad", "wgrad", "full")
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from benchmarks import common
-from benchmarks.bench_depthwise_conv2d import CONVNEXT_ATTO, MOBILENET_V2
+from benchmarks.bench_depthwise_conv2d import CONVNEXT_ATTO, DIGITS_CONVNET, MOBILENET_V2
 from benchmarks.bench_squeeze_excite import SHAPES as SE_SHAPES
 from benchmarks.bench_squeeze_excite import SEBlock
 from fastops import policy
@@ -94,7 +94,9 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         factory = {"device": device, "dtype": dtype}
         if "depthwise" in wanted:
-            for name, c, h, k, stride in common.select_shapes(MOBILENET_V2 + CONVNEXT_ATTO, args.shapes):
+            for name, c, h, k, stride in common.select_shapes(
+                MOBILENET_V2 + CONVNEXT_ATTO + DIGITS_CONVNET, args.shapes
+            ):
                 conv = nn.Conv2d(c, c, k, stride, k // 2, groups=c, **factory)
                 for layout, x in _layouts(torch.randn(batch, c, h, h, **factory), args.layouts):
                     for mode in modes:

@@ -213,8 +213,10 @@ def test_swap_report_names_the_regions_of_what_it_replaced(region: None) -> None
     assert fastops.swap_modules(nn.Sequential(nn.GELU())).torch_fallbacks() == []
 
 
-def _conv_case(isa: str, channels_last: bool, dtype: torch.dtype, training: bool, side: int, k: int, s: int):
-    shape = (16, 96, side, side)
+def _conv_case(
+    isa: str, channels_last: bool, dtype: torch.dtype, training: bool, side: int, k: int, s: int, c: int = 96
+):
+    shape = (16, c, side, side)
     params = {"kernel_size": (k, k), "stride": (s, s)}
     return policy.Case("depthwise_conv2d", "cpu", isa, channels_last, dtype, shape, training, params)
 
@@ -258,3 +260,17 @@ def test_registered_depthwise_regions() -> None:
     assert not torch_runs("avx2", True, torch.float32, False, 14, 5, 1)  # 5x5 not measured: ours
     assert torch_runs("avx2", True, torch.float32, True, 56, 3, 1)
     assert not torch_runs("avx2", True, torch.float32, True, 14, 3, 1)
+    # The digits ConvNet's few-channel small maps (swap_policy_cpu_dw_digits*): oneDNN wins in
+    # channels_last and, on AVX-512, at NCHW 4x4 / 8x8 outputs; ours wins its NCHW 16x16 maps and
+    # every NCHW map on AVX2.
+    fp32 = torch.float32
+    assert torch_runs("avx512", True, fp32, True, 16, 3, 1, 32)
+    assert torch_runs("avx512", False, fp32, False, 16, 3, 2, 32)
+    assert torch_runs("avx512", False, fp32, True, 4, 3, 1, 128)
+    assert not torch_runs("avx512", False, fp32, True, 16, 3, 1, 32)
+    assert not torch_runs("avx2", False, fp32, True, 8, 3, 1, 64)
+    assert not torch_runs("avx2", False, fp32, True, 8, 3, 2, 64)
+    assert not torch_runs("avx2", False, fp32, True, 16, 3, 1, 32)
+    assert torch_runs("avx2", True, fp32, True, 16, 3, 1, 32)
+    assert torch_runs("avx2", True, fp32, False, 8, 3, 1, 64)
+    assert not torch_runs("avx2", True, fp32, False, 4, 3, 1, 128)
