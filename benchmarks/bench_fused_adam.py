@@ -13,6 +13,7 @@ boundary (page_aligned_empty), so every provider sees the same relative placemen
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable, Iterator
 
 import torch
@@ -64,12 +65,9 @@ def page_aligned_empty(shape: tuple, device: str, dtype: torch.dtype) -> torch.T
     the one glibc's default mmap gives tensors this large."""
     if device != "cpu":
         return torch.empty(shape, device=device, dtype=dtype)
-    n = 1
-    for d in shape:
-        n *= d
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    buf = torch.empty(n + 4096 // itemsize, device=device, dtype=dtype)
-    start = (-buf.data_ptr()) % 4096 // itemsize
+    n = math.prod(shape)
+    buf = torch.empty(n + 4096 // dtype.itemsize, device=device, dtype=dtype)
+    start = (-buf.data_ptr()) % 4096 // dtype.itemsize
     return buf[start : start + n].view(shape)
 
 

@@ -219,7 +219,7 @@ void channel_sums(opmath_t<T>* out, const T* a, const T* b, const SqueezeExciteS
           std::array<MVec, W> partial;
           for (int64_t group = begin; group < end; ++group) {
             const T* pa = a + group * W * HW;
-            const T* pb = kProduct ? b + group * W * HW : b;
+            const T* pb = b + group * W * HW;
             for (int64_t q = 0; q < W; ++q) {
               const int64_t first = q * HW, stop = first + HW;
               const int64_t k0 = first / W, k1 = (stop - 1) / W;  // k1 > k0, as HW > W
