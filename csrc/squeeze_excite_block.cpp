@@ -3,7 +3,8 @@
 //   squeeze_excite_forward   y and the (N, C) / (N, R) intermediates, and its backward calls
 //   squeeze_excite_backward  every gradient of the block.
 // Device-neutral: the four memory passes (cpu/squeeze_excite.cpp, cuda/squeeze_excite.cu) are reached
-// through the dispatcher, and the (N, C)-sized FCs, act and gate between them are ATen.
+// through the dispatcher, and the (N, C)-sized act and gate between them are ATen; the FCs are ATen
+// GEMMs except for a small float32 batch on the AVX-512 CPU build (cpu::se_fc_*).
 //   forward:  pooled = pool(x); hidden = fc1(pooled); activated = act(hidden);
 //             pre_gate = fc2(activated); scale = gate(pre_gate); y = scale(x, scale)
 //   backward: ds = reduce(g, x); dz = gate'(ds); dW2 = dz^T a; db2 = sum dz;
@@ -13,7 +14,8 @@
 // a Python autograd node; here a forward is one op call and the backward never enters Python. The
 // steps run below autograd and outside autocast: the FCs run in the compute dtype (float32, float64
 // for float64 x) whatever autocast says, and the block in the dtype of x (the final x * s). Numerics
-// are those of the composed form step for step (the same ATen kernels in the same order).
+// are those of the composed form step for step (the same ATen kernels in the same order), but for
+// the summation order inside our FC kernels.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
@@ -71,12 +73,23 @@ struct BlockGuard {
 
 at::Tensor in_dtype(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
-// x W^T (+ b), as F.linear computes it for 2-D x.
+// x W^T (+ b), as F.linear computes it for 2-D x: our FC kernel where cpu::se_fc_applies, else ATen.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   at::ScalarType dtype) {
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (cpu::se_fc_applies(x)) {
+    return cpu::se_fc_forward(x, in_dtype(weight, dtype), has_bias ? in_dtype(*bias, dtype) : at::Tensor());
+  }
   const at::Tensor w = in_dtype(weight, dtype).t();
-  if (bias.has_value() && bias->defined()) return at::addmm(in_dtype(*bias, dtype), x, w);
+  if (has_bias) return at::addmm(in_dtype(*bias, dtype), x, w);
   return at::mm(x, w);
+}
+
+// The FC's backward without its bias: (input_grad ? grad W : undefined, grad^T x).
+std::tuple<at::Tensor, at::Tensor> linear_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                   const at::Tensor& weight, at::ScalarType dtype, bool input_grad) {
+  if (cpu::se_fc_applies(x)) return cpu::se_fc_backward(grad, x, in_dtype(weight, dtype), input_grad);
+  return {input_grad ? at::mm(grad, in_dtype(weight, dtype)) : at::Tensor(), at::mm(grad.t(), x)};
 }
 
 // The memory passes, through the dispatcher so each device's kernel runs.
@@ -147,16 +160,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_e
   // hardsigmoid's grad / 6 strictly inside (-3, 3); relu's selects (a NaN grad where h <= 0 gives 0).
   const at::Tensor grad_pre = gate == SeGate::kSigmoid ? at::sigmoid_backward(grad_scale, scale)
                                                        : at::hardsigmoid_backward(grad_scale, pre_gate);
-  at::Tensor grad_w2 = at::mm(grad_pre.t(), activated);
+  auto [grad_activated, grad_w2] = linear_backward(grad_pre, activated, fc2_weight, dtype, true);
   at::Tensor grad_b2 = grad_pre.sum(0);
-  const at::Tensor grad_activated = at::mm(grad_pre, in_dtype(fc2_weight, dtype));
   const at::Tensor grad_hidden = act == SeAct::kRelu   ? at::threshold_backward(grad_activated, hidden, 0)
                                  : act == SeAct::kSilu ? at::silu_backward(grad_activated, hidden)
                                                        : at::gelu_backward(grad_activated, hidden);
-  at::Tensor grad_w1 = at::mm(grad_hidden.t(), pooled);
+  auto [grad_pooled, grad_w1] = linear_backward(grad_hidden, pooled, fc1_weight, dtype, input_grad);
   at::Tensor grad_b1 = grad_hidden.sum(0);
-  at::Tensor grad_x = input_grad ? input_pass(grad_out, scale, at::mm(grad_hidden, in_dtype(fc1_weight, dtype)))
-                                 : at::empty({0}, grad_out.options());
+  at::Tensor grad_x = input_grad ? input_pass(grad_out, scale, grad_pooled) : at::empty({0}, grad_out.options());
   return {grad_x, grad_w1, grad_b1, grad_w2, grad_b2};
 }
 

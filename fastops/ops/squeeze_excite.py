@@ -1,5 +1,6 @@
 """squeeze_excite: an SE block whose memory passes (pool, scale, and the backward's one reduction and
-one write) are fused kernels; the tiny FCs between them stay ATen GEMMs.
+one write) are fused kernels; the tiny FCs between them are ATen GEMMs, or on an AVX-512 CPU with a
+float32 batch of at most 16 our small-batch FC kernels (csrc/cpu/squeeze_excite.cpp).
 
 Four registered ops carry the passes (csrc/cpu/squeeze_excite.cpp, csrc/cuda/squeeze_excite.cu); each
 has a fake kernel and its own autograd, so each passes ``torch.library.opcheck`` alone. The block is

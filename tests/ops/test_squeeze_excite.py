@@ -225,6 +225,45 @@ def test_bitwise_repeatable_across_thread_counts(dtype: torch.dtype, layout: str
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("batch", [1, 3, 4, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("channels,reduced", [(16, 4), (37, 9), (96, 24), (576, 144)])
+def test_fcs_match_float64_at_every_batch(batch: int, channels: int, reduced: int) -> None:
+    """The FCs of a float32 block on the CPU run our small-batch kernels up to 16 rows (blocks of 4
+    and 8 rows, W rows past a whole register block, K past a whole vector) and ATen's GEMM above:
+    every output and gradient matches the float64 block, with and without x's gradient."""
+    torch.manual_seed(batch * 1000 + channels)
+    x = torch.randn(batch, channels, 3, 5)
+    params = [p for p in _weights(channels, torch.float32, "cpu", True) if p is not None]
+    g = torch.randn_like(x)
+    x64 = x.double().requires_grad_(True)
+    params64 = [p.detach().double().requires_grad_(True) for p in params]
+    y64 = reference.squeeze_excite(x64, *params64, "gelu", "sigmoid")
+    want = [y64, *torch.autograd.grad(y64, [x64, *params64], g.double())]
+    for x_grad in (True, False):
+        xi = x.clone().requires_grad_(x_grad)
+        y = fastops.squeeze_excite(xi, *params, "gelu", "sigmoid")
+        got = [y, *torch.autograd.grad(y, [xi, *params] if x_grad else params, g)]
+        expected = want if x_grad else [want[0], *want[2:]]
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_raw_ops_reject_fc_operands_that_do_not_fit() -> None:
+    """squeeze_excite_forward/_backward take the FC weights unchecked from Python; a weight of the
+    wrong shape raises (in our FC kernels or in ATen's GEMM, by build) instead of reading past it."""
+    ops = torch.ops.fastops
+    x, w1, b1, w2, b2 = _sample()
+    with pytest.raises(RuntimeError):
+        ops.squeeze_excite_forward(x, w1[:, :-1].contiguous(), b1, w2, b2, "relu", "sigmoid")
+    with pytest.raises(RuntimeError):
+        ops.squeeze_excite_forward(x, w1, b1, w2[:-1].contiguous(), b2, "relu", "sigmoid")
+    _, *saved = ops.squeeze_excite_forward(x, w1, b1, w2, b2, "relu", "sigmoid")
+    with pytest.raises(RuntimeError):
+        ops.squeeze_excite_backward(
+            torch.ones_like(x), x, w1, w2[:, :-1].contiguous(), *saved, "relu", "sigmoid", True
+        )
+
+
 def _saved_bytes(fn, *args) -> tuple[int, int]:  # noqa: ANN001
     """(bytes saved for backward in tensors of x's size or larger, count of such tensors)."""
     big = args[0].numel()

@@ -3,7 +3,7 @@
 //
 // The four ops are the memory passes of an SE block over x of shape (N, C, H, W); everything per
 // (n, c) is an (N, C) contiguous tensor in x's opmath dtype (float32 for fp16/bf16/fp32 x, float64
-// for float64 x), so the tiny FCs between them (ATen, fastops/ops/squeeze_excite.py) see float32.
+// for float64 x), so the tiny FCs between them (csrc/squeeze_excite_block.cpp) see float32.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,6 +11,7 @@
 #include <fastops/checks.h>
 
 #include <cstdint>
+#include <tuple>
 
 namespace fastops {
 
@@ -49,5 +50,17 @@ inline at::Tensor se_layout(const at::Tensor& t, bool channels_last) {
 inline SqueezeExciteShape se_shape(const at::Tensor& x, bool channels_last) {
   return {x.size(0), x.size(1), x.size(2) * x.size(3), channels_last};
 }
+
+namespace cpu {
+// The SE block's FCs on the CPU (cpu/squeeze_excite.cpp, AVX-512 build) for a float32 batch of at most
+// kFcMaxRows rows: out = input W^T + bias (bias may be undefined), and (input_grad ? g W : undefined,
+// g^T input). se_fc_applies says when they run; elsewhere the block uses ATen's GEMMs. Past 16 rows
+// MKL's register blocking wins (measured: 32 rows 0.84x its forward).
+inline constexpr int64_t kFcMaxRows = 16;
+bool se_fc_applies(const at::Tensor& input);
+at::Tensor se_fc_forward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias);
+std::tuple<at::Tensor, at::Tensor> se_fc_backward(const at::Tensor& grad, const at::Tensor& input,
+                                                  const at::Tensor& weight, bool input_grad);
+}  // namespace cpu
 
 }  // namespace fastops
