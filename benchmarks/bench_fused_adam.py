@@ -4,8 +4,9 @@ Param lists (shapes only; no model is built): every parameter of GPT-2 small (12
 tensors), of ResNet-50 (25.6M params, 161 tensors, most of them small BatchNorm vectors), and one
 huge tensor. Each provider gets fresh params with random grads and its own optimizer state; the
 timed call is one opt.step(). On the CPU every param, grad and state tensor starts on a 4 KiB
-boundary (page_aligned_empty), so every provider sees the same relative placement of its streams. Bytes counted: the minimal traffic of AdamW, 7 x itemsize per param
-(read p, g, m, v; write p, m, v = 28 B for fp32).
+boundary (page_aligned_empty), so every provider sees the same relative placement of its streams.
+Bytes counted: the minimal traffic of AdamW, 7 x itemsize per param (read p, g, m, v; write p, m, v =
+28 B for fp32).
 
     python -m benchmarks.bench_fused_adam [--device cpu|cuda] [--quick] [--no-compile]
 """

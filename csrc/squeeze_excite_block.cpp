@@ -42,6 +42,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace fastops {
@@ -121,6 +122,28 @@ at::Tensor input_pass(const at::Tensor& grad_out, const at::Tensor& scale, const
   return op.call(grad_out, scale, grad_pool);
 }
 
+// The raw ops take the FC operands and the saved intermediates from any caller; they are checked here,
+// for every device and build, before ATen's GEMMs or our CPU FC kernels read them by these shapes.
+void check_fc_operand(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef shape,
+                      const at::Tensor& x) {
+  check_same_device(op, arg, t, "x", x);
+  TORCH_CHECK(t.is_floating_point(), "fastops.", op, ": expected ", arg, " to be a floating tensor, got ",
+              str(t.scalar_type()));
+  TORCH_CHECK(t.sizes() == shape, "fastops.", op, ": expected ", arg, " of shape ", str(shape), ", got ",
+              str(t.sizes()));
+}
+
+// fc1_weight (R, C) and fc2_weight (C, R) for x's C; returns R.
+int64_t check_fc_weights(const char* op, const at::Tensor& x, const at::Tensor& fc1_weight,
+                         const at::Tensor& fc2_weight) {
+  TORCH_CHECK(fc1_weight.dim() == 2, "fastops.", op,
+              ": expected fc1_weight to be 2-D (reduced_channels, C), got sizes ", str(fc1_weight.sizes()));
+  const int64_t C = x.size(1), R = fc1_weight.size(0);
+  check_fc_operand(op, "fc1_weight", fc1_weight, {R, C}, x);
+  check_fc_operand(op, "fc2_weight", fc2_weight, {C, R}, x);
+  return R;
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_excite_forward(
     const at::Tensor& x, const at::Tensor& fc1_weight, const std::optional<at::Tensor>& fc1_bias,
     const at::Tensor& fc2_weight, const std::optional<at::Tensor>& fc2_bias, c10::string_view act_name,
@@ -129,6 +152,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   const SeAct act = parse_act(op, act_name);
   const SeGate gate = parse_gate(op, gate_name);
   check_se_activation(op, "x", x);
+  const int64_t R = check_fc_weights(op, x, fc1_weight, fc2_weight);
+  if (fc1_bias.has_value() && fc1_bias->defined()) check_fc_operand(op, "fc1_bias", *fc1_bias, {R}, x);
+  if (fc2_bias.has_value() && fc2_bias->defined()) check_fc_operand(op, "fc2_bias", *fc2_bias, {x.size(1)}, x);
   BlockGuard guard;
   const at::ScalarType dtype = se_opmath_dtype(x);
   at::Tensor pooled = pool(x);
@@ -153,6 +179,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_e
   const SeAct act = parse_act(op, act_name);
   const SeGate gate = parse_gate(op, gate_name);
   check_se_activation(op, "x", x);
+  const int64_t R = check_fc_weights(op, x, fc1_weight, fc2_weight);
+  check_se_per_channel(op, "pooled", pooled, "x", x);
+  check_se_per_channel(op, "pre_gate", pre_gate, "x", x);
+  check_se_per_channel(op, "scale", scale, "x", x);
+  for (const auto& [arg, t] : {std::pair<const char*, const at::Tensor&>{"hidden", hidden}, {"activated", activated}}) {
+    check_fc_operand(op, arg, t, {x.size(0), R}, x);
+    TORCH_CHECK(t.scalar_type() == se_opmath_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
+                str(se_opmath_dtype(x)), " (the compute dtype of x's ", str(x.scalar_type()), "), got ",
+                str(t.scalar_type()));
+  }
   BlockGuard guard;
   const at::ScalarType dtype = se_opmath_dtype(x);
   const at::Tensor grad_scale = reduce_pass(grad_out, x);

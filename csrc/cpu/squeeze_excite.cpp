@@ -501,11 +501,11 @@ inline NativeVec native_fmadd(NativeVec a, NativeVec b, NativeVec c) { return _m
 // `in` copied to rows of a whole number of vectors and blocks, zero-padded, so the walks below load
 // it without tails; W's last partial vector is a masked load, zero past K, so padding adds 0 * 0.
 struct PaddedRows {
+  int64_t stride;  // declared first: data's size is computed from it
   std::vector<float> data;
-  int64_t stride;
   PaddedRows(const float* src, int64_t rows, int64_t cols, int64_t padded_rows)
-      : data(static_cast<size_t>(padded_rows * round_up(std::max<int64_t>(cols, 1), FVec::size())), 0.f),
-        stride(round_up(std::max<int64_t>(cols, 1), FVec::size())) {
+      : stride(round_up(std::max<int64_t>(cols, 1), FVec::size())),
+        data(static_cast<size_t>(padded_rows * stride), 0.f) {
     for (int64_t r = 0; r < rows; ++r) std::copy(src + r * cols, src + (r + 1) * cols, data.data() + r * stride);
   }
   const float* row(int64_t r) const { return data.data() + r * stride; }
@@ -666,12 +666,12 @@ bool se_fc_applies(const at::Tensor& input) {
 }
 
 namespace {
-// The raw ops (squeeze_excite_forward/_backward) take FC operands unchecked from a caller; an operand
-// that does not fit is an error here, as it is in ATen's GEMM, not a read out of bounds.
-void check_fc_operand(const char* arg, const at::Tensor& t, at::IntArrayRef shape) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.sizes() == shape,
-              "fastops.squeeze_excite: expected ", arg, " to be a CPU float32 tensor of shape ", str(shape), ", got ",
-              str(t.device()), " ", str(t.scalar_type()), " ", str(t.sizes()));
+// The operands as the kernels read them. The block's raw ops check every argument with its name
+// (csrc/squeeze_excite_block.cpp), so this is an invariant, kept as a guard against a read out of bounds.
+void assert_fc_operand(const at::Tensor& t, at::IntArrayRef shape) {
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.sizes() == shape,
+                        "fastops.squeeze_excite: FC operand ", str(t.device()), " ", str(t.scalar_type()), " ",
+                        str(t.sizes()), " where a CPU float32 tensor of shape ", str(shape), " was expected");
 }
 }  // namespace
 
@@ -679,8 +679,8 @@ at::Tensor se_fc_forward(const at::Tensor& input_in, const at::Tensor& weight_in
   const at::Tensor input = input_in.contiguous(), weight = weight_in.contiguous();
   const at::Tensor bias = bias_in.defined() ? bias_in.contiguous() : bias_in;
   const int64_t M = input.size(0), K = input.size(1), N = weight.size(0);
-  check_fc_operand("fc weight", weight, {N, K});
-  if (bias.defined()) check_fc_operand("fc bias", bias, {N});
+  assert_fc_operand(weight, {N, K});
+  if (bias.defined()) assert_fc_operand(bias, {N});
   at::Tensor out = at::empty({M, N}, input.options());
   if (out.numel() == 0) return out;
   if (K == 0) return bias.defined() ? out.copy_(bias.expand({M, N})) : out.zero_();
@@ -693,8 +693,8 @@ std::tuple<at::Tensor, at::Tensor> se_fc_backward(const at::Tensor& grad_in, con
                                                   const at::Tensor& weight_in, bool input_grad) {
   const at::Tensor grad = grad_in.contiguous(), input = input_in.contiguous(), weight = weight_in.contiguous();
   const int64_t M = input.size(0), K = input.size(1), N = weight.size(0);
-  check_fc_operand("fc weight", weight, {N, K});
-  check_fc_operand("fc grad", grad, {M, N});
+  assert_fc_operand(weight, {N, K});
+  assert_fc_operand(grad, {M, N});
   at::Tensor in_grad = input_grad ? at::empty({M, K}, input.options()) : at::Tensor();
   at::Tensor weight_grad = at::empty({N, K}, input.options());
   if (M == 0 || N == 0 || K == 0) {

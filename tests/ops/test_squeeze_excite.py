@@ -249,18 +249,31 @@ def test_fcs_match_float64_at_every_batch(batch: int, channels: int, reduced: in
 
 
 def test_raw_ops_reject_fc_operands_that_do_not_fit() -> None:
-    """squeeze_excite_forward/_backward take the FC weights unchecked from Python; a weight of the
-    wrong shape raises (in our FC kernels or in ATen's GEMM, by build) instead of reading past it."""
+    """squeeze_excite_forward/_backward take the FC weights and the saved intermediates from any
+    caller; one that does not fit raises an error naming the op and the argument (on every build,
+    before our FC kernels or ATen's GEMM would read it)."""
     ops = torch.ops.fastops
     x, w1, b1, w2, b2 = _sample()
-    with pytest.raises(RuntimeError):
+    fwd = "fastops.squeeze_excite_forward: expected"
+    with pytest.raises(RuntimeError, match=f"{fwd} fc1_weight of shape"):
         ops.squeeze_excite_forward(x, w1[:, :-1].contiguous(), b1, w2, b2, "relu", "sigmoid")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=f"{fwd} fc2_weight of shape"):
         ops.squeeze_excite_forward(x, w1, b1, w2[:-1].contiguous(), b2, "relu", "sigmoid")
+    with pytest.raises(RuntimeError, match=f"{fwd} fc2_bias of shape"):
+        ops.squeeze_excite_forward(x, w1, b1, w2, b2[:-1], "relu", "sigmoid")
     _, *saved = ops.squeeze_excite_forward(x, w1, b1, w2, b2, "relu", "sigmoid")
-    with pytest.raises(RuntimeError):
+    g = torch.ones_like(x)
+    bwd = "fastops.squeeze_excite_backward: expected"
+    with pytest.raises(RuntimeError, match=f"{bwd} fc2_weight of shape"):
+        ops.squeeze_excite_backward(g, x, w1, w2[:, :-1].contiguous(), *saved, "relu", "sigmoid", True)
+    pooled, hidden, activated, pre_gate, scale = saved
+    with pytest.raises(RuntimeError, match=f"{bwd} activated of shape"):
         ops.squeeze_excite_backward(
-            torch.ones_like(x), x, w1, w2[:, :-1].contiguous(), *saved, "relu", "sigmoid", True
+            g, x, w1, w2, pooled, hidden, activated[:, :-1], pre_gate, scale, "relu", "sigmoid", True
+        )
+    with pytest.raises(RuntimeError, match=f"{bwd} hidden to be Float"):
+        ops.squeeze_excite_backward(
+            g, x, w1, w2, pooled, hidden.double(), activated, pre_gate, scale, "relu", "sigmoid", True
         )
 
 
