@@ -65,7 +65,10 @@ class NhwcForwardRow {
   const A* bp_;
   int64_t Cp_, ow_lo_ = 0, ow_hi_ = 0;
   bool row_block_ = false;
+  int64_t listed_pixels_ = 0;  // pixels per row block when every pixel runs in row blocks, else 0
   NhwcRowScratch<T> scratch_;
+  std::vector<T> zero_;         // a row of C zeros: the padding columns of a listed block
+  std::vector<const T*> cols_;  // the listed block's input columns, [row][column]
 };
 
 // Weights as (C, taps) in the accumulation type (NCHW kernels) or transposed to (taps, Cp) with the
