@@ -208,6 +208,19 @@ constexpr int64_t row_block_pixels() {
   return S == 1 ? 8 : 4;
 }
 
+// Covers pixels [begin, end) (at least 4 of them) with row blocks of 8 pixels (P = 8, end - begin >= 8)
+// or 4: f(first pixel, pixels). A remainder of 1-4 pixels takes a block of 4, one of 5-7 a block of 8,
+// each ending at end and overlapping the block before it (both write the same values there).
+template <typename F>
+inline void for_each_row_block(int64_t begin, int64_t end, int64_t P, const F& f) {
+  int64_t o = begin;
+  for (; o + P <= end; o += P) f(o, P);
+  if (o < end) {
+    const int64_t q = end - o <= 4 ? 4 : P;
+    f(end - q, q);
+  }
+}
+
 // Runs nhwc_row_block for a runtime (K, S, P) in {3, 5, 7} x {(1, 8), (1, 4), (2, 4)}; false when
 // there is no variant. P = 4 at stride 1 is for rows of 4 to 7 pixels.
 template <typename T, typename Cols>
@@ -268,12 +281,23 @@ class NhwcInputGradRow {
     iw_lo_ = unit_ ? std::min(g.W, std::max<int64_t>(0, (g.KW - 1) * g.dw - g.pl)) : g.W;
     iw_hi_ = unit_ ? std::max(iw_lo_, std::min(g.W, g.OW - g.pl)) : g.W;
     row_block_ = unit_ && has_row_block(g.KW, 1, g.dw);
+    // As the forward: every pixel of the row in row blocks, the grad_output columns outside the
+    // output read from a row of zeros (finite weights only, see all_finite).
+    if (row_block_ && few_ && all_finite(wt, g.taps() * Cp)) {
+      listed_pixels_ = g.W >= row_block_pixels<1>() ? row_block_pixels<1>() : 4;
+      zero_.assign(g.C, T(0));
+      cols_.resize(g.KH * (listed_pixels_ - 1 + g.KW));
+    }
   }
 
   // dxrow: input row ih of image n; gb: image n of grad_output.
   void run(T* dxrow, const T* gb, int64_t ih) {
     if (!unit_ && few_) {
       strided_row(dxrow, gb, ih);
+      return;
+    }
+    if (listed_pixels_ > 0 && g_.W >= listed_pixels_) {
+      listed_row(dxrow, gb, ih);
       return;
     }
     int64_t iw = 0;
@@ -349,6 +373,35 @@ class NhwcInputGradRow {
     return iw;
   }
 
+  // Stride 1, the whole row in row blocks: dx[iw] = sum_kw' wflip[kw'] g[iw + pl - (KW-1) + kw'] (see
+  // unit_stride_blocks), so column u of a block at o is output column o + pl - (KW-1) + u.
+  void listed_row(T* dxrow, const T* gb, int64_t ih) {
+    const DepthwiseGeometry& g = g_;
+    const int64_t nkh = rows_on_output(ih);
+    for (int64_t i = 0; i < nkh; ++i) scratch_.wrow_ptr[i] = wflip_ + khs_[i] * g.KW * Cp_;
+    for_each_row_block(0, g.W, listed_pixels_, [&](int64_t o, int64_t P) {
+      const int64_t U = P - 1 + g.KW;
+      const int64_t ow0 = o + g.pl - (g.KW - 1);
+      if (o >= iw_lo_ && o + P <= iw_hi_) {
+        for (int64_t i = 0; i < nkh; ++i) {
+          scratch_.row_ptr[i] = gb + (((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW + ow0) * g.C;
+        }
+        dispatch_row_block<T>(g.KW, 1, P, dxrow + o * g.C, g.C, StridedColumns<T, false>{scratch_.row_ptr.data()},
+                              scratch_.wrow_ptr.data(), nkh, Cp_, nullptr);
+        return;
+      }
+      for (int64_t i = 0; i < nkh; ++i) {
+        const T* grow = gb + ((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW * g.C;
+        for (int64_t u = 0; u < U; ++u) {
+          const int64_t ow = ow0 + u;
+          cols_[i * U + u] = ow >= 0 && ow < g.OW ? grow + ow * g.C : zero_.data();
+        }
+      }
+      dispatch_row_block<T>(g.KW, 1, P, dxrow + o * g.C, g.C, ListedColumns<T, false>{cols_.data(), U},
+                            scratch_.wrow_ptr.data(), nkh, Cp_, nullptr);
+    });
+  }
+
   // Strided: the input columns of one stride phase (iw = ph + sw*m) see the same kw taps, and
   // consecutive m read consecutive output columns, so four of them form one block.
   void strided_row(T* dxrow, const T* gb, int64_t ih) {
@@ -391,7 +444,10 @@ class NhwcInputGradRow {
   const A* wflip_;
   int64_t Cp_, iw_lo_ = 0, iw_hi_ = 0;
   bool unit_ = false, few_ = false, row_block_ = false;
+  int64_t listed_pixels_ = 0;  // pixels per row block when every pixel runs in row blocks, else 0
   NhwcRowScratch<T> scratch_;
+  std::vector<T> zero_;         // a row of C zeros: the grad_output columns outside the output
+  std::vector<const T*> cols_;  // a listed block's grad_output columns, [row][column]
   std::vector<A> wsel_;
   int64_t khs_[64], kws_[64];
 };
@@ -610,10 +666,8 @@ void NhwcForwardRow<T>::run(T* out, const T* xb, int64_t oh, int64_t ow_begin, i
   };
   if (listed_pixels_ > 0 && ow_end - ow_begin >= listed_pixels_) {
     // Every pixel in row blocks, border pixels included (on a 7x7 map with a 3x3 kernel no block of 8
-    // is interior, and 2 of 7 pixels are border pixels). The last block overlaps the one before it
-    // and writes the same values there.
-    const int64_t P = listed_pixels_;
-    for (int64_t o = ow_begin; o < ow_end; o += P) row_block_at(std::min(o, ow_end - P), P);
+    // is interior, and 2 of 7 pixels are border pixels).
+    for_each_row_block(ow_begin, ow_end, listed_pixels_, row_block_at);
     return;
   }
   const int64_t hi = std::min(ow_hi_, ow_end);

@@ -251,8 +251,8 @@ def test_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
         torch.set_num_threads(threads)
 
 
-# (N, C, H, W, k, stride): the channels_last forward's whole-row blocks (stride 1, rows of 4-7 and of
-# 8+ pixels), its zero-padded image copy (7x7) and the per-pixel border path (stride 2).
+# (N, C, H, W, k, stride): the channels_last whole-row blocks (stride 1, rows of 4-7 and of 8+
+# pixels), the forward's zero-padded image copy (7x7) and the per-pixel border paths (stride 2).
 NONFINITE_WEIGHT_CASES = [
     (2, 16, 9, 9, 3, 1),
     (1, 20, 6, 5, 3, 1),
@@ -263,9 +263,10 @@ NONFINITE_WEIGHT_CASES = [
 
 @pytest.mark.parametrize("case", NONFINITE_WEIGHT_CASES)
 def test_channels_last_nonfinite_weight_as_eager(case: tuple[int, ...]) -> None:
-    """An inf and a NaN weight in channels_last fp32: NaN, inf and finite values exactly where
-    PyTorch's own depthwise convolution has them. It skips a tap that falls in the padding; a kernel
-    that multiplied the padding's zeros would turn 0 * inf into NaN along the borders."""
+    """An inf and a NaN weight in channels_last fp32: forward and input gradient have NaN, inf and
+    finite values exactly where PyTorch's own depthwise convolution has them. It skips a tap that
+    falls in the padding; a kernel that multiplied the padding's zeros would turn 0 * inf into NaN
+    along the borders."""
     n, c, h, w, k, stride = case
     x = torch.randn(n, c, h, w).contiguous(memory_format=torch.channels_last)
     weight = torch.randn(c, 1, k, k)
@@ -273,10 +274,18 @@ def test_channels_last_nonfinite_weight_as_eager(case: tuple[int, ...]) -> None:
     weight[1, 0, k - 1, k - 1] = float("nan")
     ours = fastops.depthwise_conv2d(x, weight, None, stride, k // 2, 1)
     eager = torch.nn.functional.conv2d(x, weight, None, stride, k // 2, 1, c)
-    assert torch.equal(ours.isnan(), eager.isnan())
-    assert torch.equal(ours.isinf(), eager.isinf())
-    finite = eager.isfinite()
-    torch.testing.assert_close(ours[finite], eager[finite], rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(eager)
+    ours_dx = torch.ops.fastops.depthwise_conv2d_backward_input(
+        g, weight, list(x.shape), [stride] * 2, [k // 2] * 4, [1, 1], True
+    )
+    eager_dx = torch.ops.aten.convolution_backward(
+        g, x, weight, None, [stride] * 2, [k // 2] * 2, [1, 1], False, [0, 0], c, [True, False, False]
+    )[0]
+    for got, want in ((ours, eager), (ours_dx, eager_dx)):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.isinf(), want.isinf())
+        finite = want.isfinite()
+        torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
