@@ -6,8 +6,8 @@
 // weights only: see all_finite). Otherwise per border pixel the
 // list of in-bounds taps is built once, then the channel loop runs over it with 4 vectors of
 // channels per step (weights pre-transposed to [tap][C]), and interior pixels go in row blocks (3/5/7
-// wide, stride 2) or blocks of 4 pixels. 5/7-wide kernels whose zero-padded image fits in
-// 1 MiB run one image per task from a zero-padded copy, all in row blocks (forward_padded_images):
+// wide, stride 2) or blocks of 4 pixels. 5/7-wide kernels at stride 2 whose zero-padded image fits
+// in 1 MiB run one image per task from a zero-padded copy, all in row blocks (forward_padded_images):
 // on small maps most pixels are border pixels, on wide ones few-channel border pixels are slow.
 // The input gradient is the same gather seen from the input side (taps whose stride phase
 // matches), one input row per task. The weight gradient splits the N*OH output rows into a fixed
@@ -711,14 +711,12 @@ namespace {
 // 3x3 measured slower with the copy: it does 9 FMAs per element, so copying the image costs as much
 // as its border pixels save. For 7x7 (49 FMAs per element) the copy pays even on 56x56 maps, where
 // only 8 of 56 pixels per row are border pixels: with fewer than 4 vectors of channels those run
-// one dependent FMA chain per vector (ConvNeXt-atto's C = 40 forward: 1.13x faster). At stride 1 the
-// row path now runs border pixels in row blocks too (NhwcForwardRow), without the copy: with 16-lane
-// vectors that measured 8-20% faster than the copy on ConvNeXt-atto's four 7x7 layers, so AVX-512
-// builds copy at stride 2 only; with 8 lanes the copy stayed faster on 28x28 and 56x56 maps (6-15%).
+// one dependent FMA chain per vector (ConvNeXt-atto's C = 40 forward: 1.13x faster). Stride 2 only:
+// at stride 1 the row path runs border pixels in row blocks too (NhwcForwardRow), without the copy,
+// and measured faster on ConvNeXt-atto's four 7x7 layers: 8-20% on AVX-512, 3-35% on AVX2.
 template <typename T>
 int64_t padded_image_elements(const DepthwiseGeometry& g, int64_t P) {
-  if (g.KW < 5 || !has_row_block(g.KW, g.sw, g.dw)) return 0;
-  if (at::vec::Vectorized<float>::size() == 16 && g.sw == 1) return 0;
+  if (g.KW < 5 || g.sw == 1 || !has_row_block(g.KW, g.sw, g.dw)) return 0;
   const int64_t rows = (g.OH - 1) * g.sh + (g.KH - 1) * g.dh + 1;
   const int64_t cols = (round_up(g.OW, P) - 1) * g.sw + g.KW;
   const int64_t elements = rows * cols * g.C;

@@ -252,8 +252,8 @@ def test_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
 
 
 # (N, C, H, W, k, stride): the channels_last whole-row blocks (stride 1, rows of 4-7 and of 8+
-# pixels), the forward's zero-padded image copy (5x5 at stride 2; 7x7 at stride 1 on AVX2) and the
-# per-pixel border paths (stride 2).
+# pixels), the forward's zero-padded image copy (5x5 at stride 2) and the per-pixel border paths
+# (stride 2).
 NONFINITE_WEIGHT_CASES = [
     (2, 16, 9, 9, 3, 1),
     (1, 20, 6, 5, 3, 1),
