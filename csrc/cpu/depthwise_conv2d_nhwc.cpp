@@ -126,13 +126,14 @@ bool all_finite(const A* w, int64_t n) {
 }
 
 // Where a row block reads input column u of its input row r. Inside the image the columns follow each
-// other: rows[r] + u * step. At a border the block lists every column, those in the padding pointing
-// at a row of zeros, so that border pixels run the same register block as interior ones.
+// other: rows[r] + u * C. At a border the block lists every column, those in the padding pointing at
+// a row of zeros, so that border pixels run the same register block as interior ones.
 // kPrefetch: at stride 1, request each column kColumnPrefetchBytes ahead of the channel vector read.
 // A block reads S*(P-1)+K columns of every row, C elements apart, a vector at a time: more streams
 // than the hardware prefetchers follow. Measured (interleaved A/B, 1 thread): 11-16% off the
 // per-row forward on 14x14-28x28 maps; slower at stride 2 (5% on 112x112), in the padded-image
-// forward (7-10% on ConvNeXt's 7x7 kernels) and in the input gradient, so those read without.
+// forward (7-10% on ConvNeXt's 7x7 kernels), in the input gradient and with narrow pixels (see
+// NhwcForwardRow::run), so those read without.
 constexpr int64_t kColumnPrefetchBytes = 256;
 template <typename T, bool kPrefetchColumns>
 struct StridedColumns {
