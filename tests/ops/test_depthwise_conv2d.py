@@ -74,6 +74,8 @@ MOBILENET_CASES = [
     (1, 24, 21, 19, 5, 2, 1, 2),
     (1, 20, 18, 18, 3, 1, 2, 2),
     (1, 17, 23, 23, 3, 3, 1, 1),
+    (2, 20, 11, 14, 3, (2, 1), 1, 1),  # row stride 2, column stride 1: whole-row blocks, rows skipped
+    (1, 9, 6, 28, 7, (3, 1), 1, (3, 2)),  # the same with asymmetric padding, blocks of 7
 ]
 # Still bigger ones, fp32 only.
 MOBILENET_FP32_CASES = [
