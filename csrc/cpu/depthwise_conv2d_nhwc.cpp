@@ -132,7 +132,7 @@ bool all_finite(const A* w, int64_t n) {
 // A block reads S*(P-1)+K columns of every row, C elements apart, a vector at a time: more streams
 // than the hardware prefetchers follow. Measured (interleaved A/B, 1 thread): 11-16% off the
 // per-row forward on 14x14-28x28 maps; slower at stride 2 (5% on 112x112), in the padded-image
-// forward (7-10% on ConvNeXt's 7x7 kernels), in the input gradient and with narrow pixels (see
+// forward (9-12% on ConvNeXt's 7x7 kernels), in the input gradient and with narrow pixels (see
 // NhwcForwardRow::run), so those read without.
 constexpr int64_t kColumnPrefetchBytes = 256;
 template <typename T, bool kPrefetchColumns>
@@ -166,7 +166,7 @@ inline void nhwc_row_block_c(T* out, int64_t C, const Cols& cols, const opmath_t
     V wv[K];
     static_for<K>([&](auto kw) { wv[kw] = V::loadu(wrows[r] + kw * Cp + c); });
     // The strided form as base + u * C from one row pointer: computing each column's offset apart
-    // made GCC keep nine offsets, spill three, and run the AVX2 stride-2 block 1.35x slower.
+    // made GCC keep nine offsets, spill three, and run the AVX2 stride-2 block 1.3x slower.
     const T* xr = nullptr;
     const T* const* xcols = nullptr;
     if constexpr (Cols::kListed) {
