@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace fastops::cpu {
@@ -243,18 +244,16 @@ bool dispatch_row_block(int64_t K, int64_t S, int64_t P, T* out, int64_t C, cons
     nhwc_row_block<T, KK, SS, PP>(out, C, cols, wrows, nrows, Cp, init); \
     return true;                                                         \
   }
-  FASTOPS_ROW_BLOCK(3, 1, 8)
-  FASTOPS_ROW_BLOCK(3, 1, 7)
-  FASTOPS_ROW_BLOCK(3, 1, 4)
-  FASTOPS_ROW_BLOCK(3, 2, 4)
-  FASTOPS_ROW_BLOCK(5, 1, 8)
-  FASTOPS_ROW_BLOCK(5, 1, 7)
-  FASTOPS_ROW_BLOCK(5, 1, 4)
-  FASTOPS_ROW_BLOCK(5, 2, 4)
-  FASTOPS_ROW_BLOCK(7, 1, 8)
-  FASTOPS_ROW_BLOCK(7, 1, 7)
-  FASTOPS_ROW_BLOCK(7, 1, 4)
-  FASTOPS_ROW_BLOCK(7, 2, 4)
+// The (S, P) variants of one kernel width: stride 1 in blocks of 8, 7 and 4, stride 2 in blocks of 4.
+#define FASTOPS_ROW_BLOCKS(KK) \
+  FASTOPS_ROW_BLOCK(KK, 1, 8)  \
+  FASTOPS_ROW_BLOCK(KK, 1, 7)  \
+  FASTOPS_ROW_BLOCK(KK, 1, 4)  \
+  FASTOPS_ROW_BLOCK(KK, 2, 4)
+  FASTOPS_ROW_BLOCKS(3)
+  FASTOPS_ROW_BLOCKS(5)
+  FASTOPS_ROW_BLOCKS(7)
+#undef FASTOPS_ROW_BLOCKS
 #undef FASTOPS_ROW_BLOCK
   return false;
 }
@@ -298,11 +297,7 @@ class NhwcInputGradRow {
     row_block_ = unit_ && has_row_block(g.KW, 1, g.dw);
     // As the forward: every pixel of the row in row blocks, the grad_output columns outside the
     // output read from a row of zeros (finite weights only, see all_finite).
-    if (row_block_ && few_ && all_finite(wt, g.taps() * Cp)) {
-      listed_pixels_ = listed_block_pixels(g.W);
-      zero_.assign(g.C, T(0));
-      cols_.resize(g.KH * (listed_pixels_ - 1 + g.KW));
-    }
+    if (row_block_ && few_ && all_finite(wt, g.taps() * Cp)) border_.enable(listed_block_pixels(g.W), g.C, g.KH, g.KW);
   }
 
   // dxrow: input row ih of image n; gb: image n of grad_output.
@@ -311,7 +306,7 @@ class NhwcInputGradRow {
       strided_row(dxrow, gb, ih);
       return;
     }
-    if (listed_pixels_ > 0 && g_.W >= listed_pixels_) {
+    if (border_.pixels > 0 && g_.W >= border_.pixels) {
       listed_row(dxrow, gb, ih);
       return;
     }
@@ -394,7 +389,7 @@ class NhwcInputGradRow {
     const DepthwiseGeometry& g = g_;
     const int64_t nkh = rows_on_output(ih);
     for (int64_t i = 0; i < nkh; ++i) scratch_.wrow_ptr[i] = wflip_ + khs_[i] * g.KW * Cp_;
-    for_each_row_block(0, g.W, listed_pixels_, [&](int64_t o, int64_t P) {
+    for_each_row_block(0, g.W, border_.pixels, [&](int64_t o, int64_t P) {
       const int64_t U = P - 1 + g.KW;
       const int64_t ow0 = o + g.pl - (g.KW - 1);
       if (o >= iw_lo_ && o + P <= iw_hi_) {
@@ -405,14 +400,9 @@ class NhwcInputGradRow {
                               scratch_.wrow_ptr.data(), nkh, Cp_, nullptr);
         return;
       }
-      for (int64_t i = 0; i < nkh; ++i) {
-        const T* grow = gb + ((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW * g.C;
-        for (int64_t u = 0; u < U; ++u) {
-          const int64_t ow = ow0 + u;
-          cols_[i * U + u] = ow >= 0 && ow < g.OW ? grow + ow * g.C : zero_.data();
-        }
-      }
-      dispatch_row_block<T>(g.KW, 1, P, dxrow + o * g.C, g.C, ListedColumns<T, false>{cols_.data(), U},
+      const T* const* cols = border_.list(
+          nkh, U, ow0, g.OW, g.C, [&](int64_t i) { return gb + ((ih + g.pt - khs_[i] * g.dh) / g.sh) * g.OW * g.C; });
+      dispatch_row_block<T>(g.KW, 1, P, dxrow + o * g.C, g.C, ListedColumns<T, false>{cols, U},
                             scratch_.wrow_ptr.data(), nkh, Cp_, nullptr);
     });
   }
@@ -459,10 +449,8 @@ class NhwcInputGradRow {
   const A* wflip_;
   int64_t Cp_, iw_lo_ = 0, iw_hi_ = 0;
   bool unit_ = false, few_ = false, row_block_ = false;
-  int64_t listed_pixels_ = 0;  // pixels per row block when every pixel runs in row blocks, else 0
   NhwcRowScratch<T> scratch_;
-  std::vector<T> zero_;         // a row of C zeros: the grad_output columns outside the output
-  std::vector<const T*> cols_;  // a listed block's grad_output columns, [row][column]
+  NhwcBorderColumns<T> border_;  // the grad_output columns of a block at the map's border
   std::vector<A> wsel_;
   int64_t khs_[64], kws_[64];
 };
@@ -624,9 +612,7 @@ NhwcForwardRow<T>::NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64
   // Every pixel in row blocks at stride 1 only: at stride 2 the listed blocks measured slower than
   // the per-pixel border path (AVX2, 28x28 and 56x56 maps: 1.2x the time).
   if (row_block_ && g.sw == 1 && all_finite(wt, g.taps() * Cp)) {
-    listed_pixels_ = listed_block_pixels(g.OW);
-    zero_.assign(g.C, T(0));
-    cols_.resize(g.KH * ((listed_pixels_ - 1) * g.sw + g.KW));
+    border_.enable(listed_block_pixels(g.OW), g.C, g.KH, g.KW);
   }
 }
 
@@ -663,39 +649,34 @@ void NhwcForwardRow<T>::run(T* out, const T* xb, int64_t oh, int64_t ow_begin, i
   // registers (32 channels of fp32 at 112x112: 1.3x the time with them).
   const bool prefetch = g.C * int64_t(sizeof(T)) >= 2 * kColumnPrefetchBytes;
   // A block of P pixels from o: inside the image through row pointers, else through the column list.
-  const auto row_block_at = [&](int64_t o, int64_t P) {
-    const auto run_block = [&](const auto& cols) {
-      dispatch_row_block<T>(g.KW, g.sw, P, at_px(o), g.C, cols, scratch_.wrow_ptr.data(), nrows, Cp_, bp_);
-    };
+  const auto row_block_with = [&](auto prefetch_columns, int64_t o, int64_t P) {
+    constexpr bool kPrefetch = decltype(prefetch_columns)::value;
     if (o >= ow_lo_ && o + P <= ow_hi_) {
       for (int64_t kh = kh0; kh < kh1; ++kh) {
         scratch_.row_ptr[kh - kh0] = xb + ((oh * g.sh + kh * g.dh - g.pt) * g.W + o * g.sw - g.pl) * g.C;
       }
-      if (prefetch) {
-        run_block(StridedColumns<T, true>{scratch_.row_ptr.data()});
-      } else {
-        run_block(StridedColumns<T, false>{scratch_.row_ptr.data()});
-      }
+      dispatch_row_block<T>(g.KW, g.sw, P, at_px(o), g.C, StridedColumns<T, kPrefetch>{scratch_.row_ptr.data()},
+                            scratch_.wrow_ptr.data(), nrows, Cp_, bp_);
       return;
     }
     const int64_t U = (P - 1) * g.sw + g.KW;
-    for (int64_t r = 0; r < nrows; ++r) {
-      const T* xrow = xb + (oh * g.sh + (kh0 + r) * g.dh - g.pt) * g.W * g.C;
-      for (int64_t u = 0; u < U; ++u) {
-        const int64_t iw = o * g.sw - g.pl + u;
-        cols_[r * U + u] = iw >= 0 && iw < g.W ? xrow + iw * g.C : zero_.data();
-      }
-    }
+    const T* const* cols = border_.list(nrows, U, o * g.sw - g.pl, g.W, g.C, [&](int64_t r) {
+      return xb + (oh * g.sh + (kh0 + r) * g.dh - g.pt) * g.W * g.C;
+    });
+    dispatch_row_block<T>(g.KW, g.sw, P, at_px(o), g.C, ListedColumns<T, kPrefetch>{cols, U}, scratch_.wrow_ptr.data(),
+                          nrows, Cp_, bp_);
+  };
+  const auto row_block_at = [&](int64_t o, int64_t P) {
     if (prefetch) {
-      run_block(ListedColumns<T, true>{cols_.data(), U});
+      row_block_with(std::true_type{}, o, P);
     } else {
-      run_block(ListedColumns<T, false>{cols_.data(), U});
+      row_block_with(std::false_type{}, o, P);
     }
   };
-  if (listed_pixels_ > 0 && ow_end - ow_begin >= listed_pixels_) {
+  if (border_.pixels > 0 && ow_end - ow_begin >= border_.pixels) {
     // Every pixel in row blocks, border pixels included (on a 7x7 map with a 3x3 kernel no block of 8
     // is interior, and 2 of 7 pixels are border pixels).
-    for_each_row_block(ow_begin, ow_end, listed_pixels_, row_block_at);
+    for_each_row_block(ow_begin, ow_end, border_.pixels, row_block_at);
     return;
   }
   const int64_t hi = std::min(ow_hi_, ow_end);

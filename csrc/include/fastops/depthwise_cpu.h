@@ -45,6 +45,37 @@ struct NhwcRowScratch {
   std::vector<const opmath_t<T>*> wrow_ptr;
 };
 
+// Per-thread state of the NHWC kernels' whole-row blocks at stride 1 (cpu/depthwise_conv2d_nhwc.cpp),
+// shared by the forward and the input gradient: the pixels per block (0: whole-row blocks not used), a
+// row of C zeros for the columns outside the map, and one border block's columns, [row][column].
+template <typename T>
+struct NhwcBorderColumns {
+  int64_t pixels = 0;
+  std::vector<T> zero;
+  std::vector<const T*> cols;
+
+  // Blocks of block_pixels (at most) for a K-wide kernel, channels C, up to KH rows.
+  void enable(int64_t block_pixels, int64_t C, int64_t KH, int64_t K) {
+    pixels = block_pixels;
+    zero.assign(C, T(0));
+    cols.resize(KH * (block_pixels - 1 + K));
+  }
+
+  // Columns first .. first + U - 1 of nrows rows, each of n pixels of C elements (row(r): its pixel 0);
+  // a column outside [0, n) reads the zero row.
+  template <typename Row>
+  const T* const* list(int64_t nrows, int64_t U, int64_t first, int64_t n, int64_t C, const Row& row) {
+    for (int64_t r = 0; r < nrows; ++r) {
+      const T* start = row(r);
+      for (int64_t u = 0; u < U; ++u) {
+        const int64_t col = first + u;
+        cols[r * U + u] = col >= 0 && col < n ? start + col * C : zero.data();
+      }
+    }
+    return cols.data();
+  }
+};
+
 // One output row of the NHWC forward, pixels [ow_begin, ow_end): border pixels tap by tap; interior
 // pixels (every kw in bounds) in register blocks, where the valid (kh, kw) taps of the row are the
 // contiguous weight rows wt[kh0 * KW ...]. Pixel ow goes to out + (ow - ow_begin) * C. wt is the
@@ -65,10 +96,8 @@ class NhwcForwardRow {
   const A* bp_;
   int64_t Cp_, ow_lo_ = 0, ow_hi_ = 0;
   bool row_block_ = false;
-  int64_t listed_pixels_ = 0;  // pixels per row block when every pixel runs in row blocks, else 0
   NhwcRowScratch<T> scratch_;
-  std::vector<T> zero_;         // a row of C zeros: the padding columns of a listed block
-  std::vector<const T*> cols_;  // the listed block's input columns, [row][column]
+  NhwcBorderColumns<T> border_;  // the input columns of a block at the map's border
 };
 
 // Weights as (C, taps) in the accumulation type (NCHW kernels) or transposed to (taps, Cp) with the
