@@ -291,6 +291,35 @@ def test_channels_last_nonfinite_weight_as_eager(case: tuple[int, ...]) -> None:
         torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
+# (C, H, W, k): about 1 MiB of fp32 output per image, so that one image is written with plain
+# stores and a batch of 32 (32 MiB) with streaming ones (streaming_stores_pay: twice the L2 per
+# thread). Whole-row blocks, odd widths (overlapping last blocks, border columns) and a 7x7 kernel.
+STREAMING_CASES = [(64, 64, 64, 3), (64, 61, 67, 3), (32, 90, 91, 7)]
+
+
+@pytest.mark.parametrize("case", STREAMING_CASES)
+def test_channels_last_large_outputs_stream_the_same_values(case: tuple[int, ...]) -> None:
+    """fp32 channels_last outputs too large for the caches go out in streaming stores: forward and
+    input gradient of a large batch equal, bit for bit, those of its images one at a time."""
+    c, h, w, k = case
+    x = torch.randn(32, c, h, w).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(c, 1, k, k), torch.randn(c)
+    g = torch.randn_like(x)
+    args = ([1, 1], [k // 2] * 4, [1, 1])
+
+    def dgrad(grad: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fastops.depthwise_conv2d_backward_input(grad, weight, list(grad.shape), *args, True)
+
+    whole = fastops.depthwise_conv2d(x, weight, bias, 1, k // 2, 1)
+    one_by_one = torch.cat(
+        [fastops.depthwise_conv2d(x[i : i + 1], weight, bias, 1, k // 2, 1) for i in range(32)]
+    )
+    assert torch.equal(whole, one_by_one)
+    assert torch.equal(dgrad(g), torch.cat([dgrad(g[i : i + 1]) for i in range(32)]))
+    want = torch.nn.functional.conv2d(x.double(), weight.double(), bias.double(), 1, k // 2, 1, c)
+    torch.testing.assert_close(whole.double(), want, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
 @pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
 def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:

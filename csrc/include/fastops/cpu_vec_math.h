@@ -16,6 +16,10 @@
 #if defined(CPU_CAPABILITY_AVX512)
 #include <cpuid.h>
 #endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#include <immintrin.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -100,6 +104,46 @@ inline void store_row(T* dst, const A* src, int64_t n) {
   int64_t i = 0;
   for (; i + V::size() <= n; i += V::size()) store_opmath<T>(dst + i, V::loadu(src + i), V::size());
   for (; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+// ---- streaming (non-temporal) stores --------------------------------------------------------------
+// A plain store of a line that is not in cache first reads it (read for ownership): writing an output
+// far larger than the caches costs a read and a write of it. A streaming store writes the line
+// without reading it, but leaves it out of the caches, so the op that reads the output next reads it
+// from memory. Used for fp32 outputs whose bytes per thread exceed twice the L2 (measured on Zen 4,
+// 2 MiB L2, depthwise forward + batch_norm, 1 thread: outputs of 6-57 MB 1.0-1.18x faster, outputs of
+// 0.75-2.4 MB 3-9% slower).
+
+// Whether an fp32 output of `bytes`, written by `threads` threads, is worth streaming.
+inline bool streaming_stores_pay(int64_t bytes, int64_t threads) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  static const int64_t l2_bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? int64_t(l2) : int64_t{1} << 20;
+  }();
+  return bytes >= 2 * l2_bytes * std::max<int64_t>(threads, 1);
+#else
+  (void)bytes, (void)threads;
+  return false;  // the DEFAULT build has no streaming store in at::vec
+#endif
+}
+
+// One whole vector to p, which must be aligned to the vector's size.
+inline void stream_store(float* p, const at::vec::Vectorized<float>& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm512_stream_ps(p, v);
+#elif defined(CPU_CAPABILITY_AVX2)
+  _mm256_stream_ps(p, v);
+#else
+  v.store(p);
+#endif
+}
+
+// Orders a thread's streaming stores before what follows (their end of a parallel task).
+inline void stream_fence() {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  _mm_sfence();
+#endif
 }
 
 // ---- fp32 -> fp16/bf16 narrowing of two vectors -------------------------------------------------

@@ -80,12 +80,13 @@ struct NhwcBorderColumns {
 // pixels (every kw in bounds) in register blocks, where the valid (kh, kw) taps of the row are the
 // contiguous weight rows wt[kh0 * KW ...]. Pixel ow goes to out + (ow - ow_begin) * C. wt is the
 // (taps, Cp) weight of weights_acc(..., transposed=true), bias the (Cp,) of bias_acc or nullptr.
-// Holds per-thread scratch: make one per task.
+// stream: the row blocks write in streaming stores (fp32 only; out and C whole vectors; the caller
+// fences, stream_fence). Holds per-thread scratch: make one per task.
 template <typename T>
 class NhwcForwardRow {
  public:
   using A = opmath_t<T>;
-  NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64_t Cp, const A* bias);
+  NhwcForwardRow(const DepthwiseGeometry& g, const A* wt, int64_t Cp, const A* bias, bool stream = false);
 
   // xb: image n of the NHWC input.
   void run(T* out, const T* xb, int64_t oh, int64_t ow_begin, int64_t ow_end);
@@ -95,7 +96,7 @@ class NhwcForwardRow {
   const A* wp_;
   const A* bp_;
   int64_t Cp_, ow_lo_ = 0, ow_hi_ = 0;
-  bool row_block_ = false;
+  bool stream_, row_block_ = false;
   NhwcRowScratch<T> scratch_;
   NhwcBorderColumns<T> border_;  // the input columns of a block at the map's border
 };
