@@ -329,33 +329,6 @@ inline void tile_out(const float* out, const int64_t* pos, int64_t m, int64_t nc
 #endif
 }
 
-// y[0, n) = src[0, n) with non-temporal stores where y is vector-aligned (else a plain copy).
-inline void stream_out(float* y, const float* src, int64_t n) {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  constexpr int64_t L = at::vec::Vectorized<float>::size();
-  if (reinterpret_cast<uintptr_t>(y) % (L * 4) == 0) {
-    int64_t i = 0;
-    for (; i + L <= n; i += L) {
-#if defined(CPU_CAPABILITY_AVX512)
-      _mm512_stream_ps(y + i, _mm512_loadu_ps(src + i));
-#else
-      _mm256_stream_ps(y + i, _mm256_loadu_ps(src + i));
-#endif
-    }
-    std::copy(src + i, src + n, y + i);
-    return;
-  }
-#endif
-  std::copy(src, src + n, y);
-}
-
-// Orders the streaming stores before the task's end (other threads and the caller read y next).
-inline void stream_fence() {
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  _mm_sfence();
-#endif
-}
-
 // One output row of the tile, P pixels at a time: out = init + sum over (kh, kw) of w * tile. Each
 // tile vector of a kernel row is loaded once for every (pixel, kw) it feeds (S*(P-1) + K loads for
 // P*K FMAs); every index is a compile-time constant, so acc and wv live in registers.
@@ -450,7 +423,7 @@ void blocked_conv(float* yp, const float* xp, const float* wt, const float* bias
       for (int64_t q0 = 0; q0 < OHW; q0 += L) {
         tile_out(out.data(), ypos.data() + q0, std::min(L, OHW - q0), nc, dst + q0, OHW, tmp.data());
       }
-      if (stream) stream_out(ys, stage.data(), nc * OHW);
+      if (stream) stream_copy(ys, stage.data(), nc * OHW);
     }
     stream_fence();
   });

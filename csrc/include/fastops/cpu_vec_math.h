@@ -110,11 +110,12 @@ inline void store_row(T* dst, const A* src, int64_t n) {
 // A plain store of a line that is not in cache first reads it (read for ownership): writing an output
 // far larger than the caches costs a read and a write of it. A streaming store writes the line
 // without reading it, but leaves it out of the caches, so the op that reads the output next reads it
-// from memory. Used for fp32 outputs whose bytes per thread exceed twice the L2 (measured on Zen 4,
-// 2 MiB L2, depthwise forward + batch_norm, 1 thread: outputs of 6-57 MB 1.0-1.18x faster, outputs of
-// 0.75-2.4 MB 3-9% slower).
+// from memory. The depthwise kernels stream fp32 outputs: NHWC where streaming_stores_pay, the NCHW
+// channel-blocked path through an L1 staging block (stream_copy).
 
-// Whether an fp32 output of `bytes`, written by `threads` threads, is worth streaming.
+// Whether an fp32 output of `bytes`, written by `threads` threads, is worth streaming: at least twice
+// the L2 per thread. Measured on Zen 4 (2 MiB L2), depthwise forward + batch_norm, 1 thread: outputs
+// of 6-57 MB 1.0-1.18x faster streamed, outputs of 0.75-2.4 MB 3-9% slower.
 inline bool streaming_stores_pay(int64_t bytes, int64_t threads) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   static const int64_t l2_bytes = [] {
@@ -139,7 +140,18 @@ inline void stream_store(float* p, const at::vec::Vectorized<float>& v) {
 #endif
 }
 
-// Orders a thread's streaming stores before what follows (their end of a parallel task).
+// y[0, n) = src[0, n), in streaming stores where y is vector-aligned (else a plain copy).
+inline void stream_copy(float* y, const float* src, int64_t n) {
+  constexpr int64_t L = at::vec::Vectorized<float>::size();
+  int64_t i = 0;
+  if (reinterpret_cast<std::uintptr_t>(y) % (L * sizeof(float)) == 0) {
+    for (; i + L <= n; i += L) stream_store(y + i, at::vec::Vectorized<float>::loadu(src + i));
+  }
+  std::copy(src + i, src + n, y + i);
+}
+
+// Orders a thread's streaming stores before what follows (other threads and the caller read the
+// output next): call it at the end of each parallel task that streamed.
 inline void stream_fence() {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   _mm_sfence();
