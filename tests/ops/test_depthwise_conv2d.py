@@ -292,7 +292,7 @@ def test_channels_last_nonfinite_weight_as_eager(case: tuple[int, ...]) -> None:
 
 
 # (C, H, W, k): about 1 MiB of fp32 output per image, so that one image is written with plain
-# stores and a batch of 32 (32 MiB) with streaming ones (streaming_stores_pay: twice the L2 per
+# stores and a batch of 32 (32 MiB) with streaming ones (streaming_stores_pay: 1.5x the L2 per
 # thread). Whole-row blocks, odd widths (overlapping last blocks, border columns) and a 7x7 kernel.
 STREAMING_CASES = [(64, 64, 64, 3), (64, 61, 67, 3), (32, 90, 91, 7)]
 
