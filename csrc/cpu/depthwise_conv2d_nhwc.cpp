@@ -719,7 +719,7 @@ namespace {
 
 // Whether the row blocks write `out` (NHWC, C channels) in streaming stores: fp32 outputs too large to
 // stay in the caches, whose every pixel starts on a whole vector. Measured, 1 thread, alternating
-// in one process, 7 layers of the bench at batch 32: forward 1.22x faster on AVX-512 (geomean) and
+// in one process, 7 layers of the bench at batch 32: forward 1.33x faster on AVX-512 (geomean) and
 // 1.29x on AVX2, input gradient 1.19x and 1.11x.
 template <typename T>
 bool stream_output(const at::Tensor& out, int64_t C) {
