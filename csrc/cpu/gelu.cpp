@@ -75,8 +75,7 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
 // time), so the kernels test each vector once and take a cheaper evaluation when every lane is in
 // range; the general one above (clamps, the whole half line, inf and NaN) runs only for the rest.
 // The bulk writes T(u) = exp(-u^2/2) * Q(u) too, with
-//   Q(u) = N(u) / D(u): a rational fit on [0, 7] (our own: linear-programming minimax of the relative
-//     error against scipy's erfcx, float64, then rounded to fp32). kFull: degree (4, 4), fit 7.9e-8,
+//   Q(u) = N(u) / D(u): gelu_math.h's rational fit on [0, 7]. kFull: degree (4, 4), fit 7.9e-8,
 //     ~3e-7 after the fp32 roundings of the two Horner chains and the division (the general path's
 //     t = 1/(1 + a u) amplifies the rounding of t up to 3x near u = 0). kReduced (fp16/bf16
 //     outputs): degree (2, 3), 9.5e-6.
@@ -95,14 +94,11 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #define FASTOPS_GELU_BULK 1
 
-constexpr float kBulkLimit = 7.0f;
-
-// Q(u) = N(u) / D(u), low to high, D monic.
-constexpr std::array<float, 5> kBulkN = {1.671565247e+01f, 1.058711720e+01f, 3.209682703e+00f, 3.979189992e-01f,
-                                         3.068713704e-05f};
-constexpr std::array<float, 4> kBulkD = {3.343130493e+01f, 4.784848022e+01f, 2.788196945e+01f, 8.007079124e+00f};
-constexpr std::array<float, 3> kBulkNReduced = {3.628929138e+00f, 1.885877252e+00f, 4.001633525e-01f};
-constexpr std::array<float, 3> kBulkDReduced = {7.257789612e+00f, 9.565021515e+00f, 4.789812565e+00f};
+using gm::kBulkD;
+using gm::kBulkDReduced;
+using gm::kBulkLimit;
+using gm::kBulkN;
+using gm::kBulkNReduced;
 
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int kExpTableBits = 4;

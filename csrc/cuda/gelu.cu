@@ -4,6 +4,9 @@
 //              gelu' = Phi + x * exp(-x^2/2) / sqrt(2 pi).
 //   tanh form: gelu = x * s, s = sigmoid(2y) from e = exp(-2|y|); gelu' = s + x * s (1-s) * 2y'.
 //   bias_gelu: the same on h = x + b[col], h never written; backward adds grad_bias = sum over rows.
+//   fp16/bf16 forward: a cheaper evaluation to ~1e-5 relative, enough for an 8- or 11-bit result
+//   (erf_forward_reduced, tanh_forward_reduced); fp32 outputs and every backward: the full one.
+//   The form is a template argument of the functors (one form's code per kernel).
 // Strategy.
 //   gelu fwd/bwd: the grid-stride elementwise loop of cuda_loops.cuh (16-byte vectors, 4 in flight).
 //   bias_gelu: a 2-D launch over (column vectors, rows). Each thread owns one 16-byte column vector
@@ -29,6 +32,7 @@
 #include <limits>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 
 namespace fastops::cuda {
 namespace {
@@ -77,17 +81,100 @@ __device__ __forceinline__ M tanh_backward(M g, M x) {
   return g * (s + x * ((e * r * r) * dy2));  // s (1 - s) = e / (1 + e)^2
 }
 
-template <typename M>
+// The full path, out of line where the bulk path falls back to it: it runs for few elements, and 32
+// inlined copies (8 elements a vector, 4 vectors in flight) would crowd the hot loop.
+__device__ __noinline__ float erf_forward_general(float x) { return erf_forward(x); }
+
+// MUFU.RCP and MUFU.EX2 alone, for arguments that keep input and result normal: __fdividef and
+// __expf add range guards (a denominator beyond 2^126, an argument below -126) that the erf bulk never
+// needs (den >= 7.26, the argument >= -35.4).
+__device__ __forceinline__ float rcp_approx(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+__device__ __forceinline__ float exp2_approx(float v) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// The same with subnormal results kept (the tanh form's e reaches them for |y| > 43.6).
+__device__ __forceinline__ float exp2_approx_subnormal(float v) {
+  float r;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(v));
+  return r;
+}
+
+// fp16/bf16 outputs of the forward: a result rounded to 8 or 11 bits needs ~1e-5 relative, not fp32's
+// few ulp, so the bulk |x| <= kBulkLimit takes gelu_math.h's degree-(2, 3) rational Q (9.5e-6) with
+// the approximate reciprocal (1 ulp) and exp2 (2^-22 relative; its argument, up to 35.4 in size, is
+// rounded once: ~3e-6), against the full path's IEEE division, degree-9 Horner chain and accurate expf
+// with the split u^2: ~17 instructions an element instead of ~45. gelu = max(x, 0) - (u q) exp(-u^2/2)
+// for both signs, the max as a select so that -0.0 stays -0.0. Beyond the bulk (the tail, inf, NaN:
+// NaN fails the test) the full path runs; T(7) = 1.3e-12, so every result of the bulk is normal.
+// The design (fit, approximations, roundings) is checked on the CPU over every fp16 and bf16 input
+// and a dense fp32 grid (bias_gelu rounds x + bias only at the end): tests/ops/test_gelu.py,
+// test_cuda_reduced_forward_design.
+__device__ __forceinline__ float erf_forward_reduced(float x) {
+  const float u = fabsf(x);
+  if (u <= gm::kBulkLimit) {
+    constexpr float n0 = gm::kBulkNReduced[0], n1 = gm::kBulkNReduced[1], n2 = gm::kBulkNReduced[2];
+    constexpr float d0 = gm::kBulkDReduced[0], d1 = gm::kBulkDReduced[1], d2 = gm::kBulkDReduced[2];
+    constexpr float kHalfLog2e = static_cast<float>(-0.5 * 1.4426950408889634);  // exp(-v/2) = 2^(v * this)
+    const float num = fmaf(fmaf(n2, u, n1), u, n0);
+    const float den = fmaf(fmaf(u + d2, u, d1), u, d0);
+    const float uq = u * (num * rcp_approx(den));
+    return fmaf(-uq, exp2_approx((u * u) * kHalfLog2e), x >= 0.0f ? x : 0.0f);
+  }
+  return erf_forward_general(x);
+}
+
+// The tanh form for fp16/bf16 outputs: s = 1 / (1 + e), e = exp(-2|y|), through MUFU.EX2 and MUFU.RCP
+// (a few fp32 ulp, and the rounding of the exp2 argument 2|y| log2(e): 3.6e-6 relative at |y| = 43,
+// the same order as what rounding y itself costs the fp32 path). Subnormal e are kept: bf16 holds the
+// results they give (x e down to ~1e-38).
+__device__ __forceinline__ float tanh_forward_reduced(float x) {
+  constexpr float kTwoLog2e = static_cast<float>(-2.0 * 1.4426950408889634);
+  const float y = tanh_y(x);
+  const float e = exp2_approx_subnormal(fabsf(y) * kTwoLog2e);
+  const float xr = x * rcp_approx(1.0f + e);
+  return y >= 0.0f ? xr : xr * e;
+}
+
+// The form is a template argument: one form's code and registers per kernel, no per-element branch.
+// kReduced: fp16/bf16 outputs (see erf_forward_reduced); the backward always runs the full path
+// (Phi + x phi cancels near x = -0.75, so the gradient needs fp32 accuracy whatever the dtype).
+template <bool kTanh, bool kReduced>
 struct GeluForward {
-  bool use_tanh;
-  __device__ M operator()(M x) const { return use_tanh ? tanh_forward(x) : erf_forward(x); }
+  __device__ float operator()(float x) const {
+    if constexpr (kTanh) {
+      return kReduced ? tanh_forward_reduced(x) : tanh_forward(x);
+    } else {
+      return kReduced ? erf_forward_reduced(x) : erf_forward(x);
+    }
+  }
 };
 
-template <typename M>
+template <bool kTanh>
 struct GeluBackward {
-  bool use_tanh;
-  __device__ M operator()(M g, M x) const { return use_tanh ? tanh_backward(g, x) : erf_backward(g, x); }
+  __device__ float operator()(float g, float x) const { return kTanh ? tanh_backward(g, x) : erf_backward(g, x); }
 };
+
+// f(std::bool_constant<tanh>) for the form `approximate` named.
+template <typename F>
+void with_form(bool use_tanh, const F& f) {
+  if (use_tanh) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// The forward functor for outputs of type T.
+template <typename T, typename Tanh>
+using ForwardFor = GeluForward<Tanh::value, !std::is_same_v<T, float>>;
 
 // ---- bias_gelu kernels ---------------------------------------------------------------------------
 
@@ -219,9 +306,10 @@ at::Tensor gelu(const at::Tensor& x_in, std::string_view approximate) {
   const at::Tensor x = densify(x_in);
   at::Tensor y = at::empty_like(x);
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_gelu_cuda", [&] {
-    using M = at::opmath_type<scalar_t>;
-    launch_elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), GeluForward<M>{use_tanh},
-                                    {x.const_data_ptr<scalar_t>()});
+    with_form(use_tanh, [&](auto form) {
+      launch_elementwise<scalar_t, 1>(y.data_ptr<scalar_t>(), x.numel(), ForwardFor<scalar_t, decltype(form)>{},
+                                      {x.const_data_ptr<scalar_t>()});
+    });
   });
   return y;
 }
@@ -237,9 +325,10 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
   const at::Tensor grad = match_layout(grad_in, x);
   at::Tensor dx = at::empty_like(x);
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_gelu_backward_cuda", [&] {
-    using M = at::opmath_type<scalar_t>;
-    launch_elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluBackward<M>{use_tanh},
-                                    {grad.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>()});
+    with_form(use_tanh, [&](auto form) {
+      launch_elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluBackward<decltype(form)::value>{},
+                                      {grad.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>()});
+    });
   });
   return dx;
 }
@@ -256,20 +345,21 @@ at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::str
   const int64_t rows = x.numel() / n_cols;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_bias_gelu_cuda", [&] {
-    using M = at::opmath_type<scalar_t>;
-    const GeluForward<M> op{use_tanh};
-    scalar_t* out = y.data_ptr<scalar_t>();
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* bp = bias.const_data_ptr<scalar_t>();
-    constexpr int kVec = kVectorWidth<scalar_t>;
-    if (vectorizable<scalar_t>(n_cols, {out, xp, bp})) {
-      const BiasGrid g = bias_grid(rows, n_cols / kVec, kMaxRowBlocksForward);
-      bias_gelu_forward_kernel<scalar_t, kVec><<<g.grid, g.block, 0, stream>>>(out, xp, bp, rows, n_cols / kVec, op);
-    } else {
-      const BiasGrid g = bias_grid(rows, n_cols, kMaxRowBlocksForward);
-      bias_gelu_forward_kernel<scalar_t, 1><<<g.grid, g.block, 0, stream>>>(out, xp, bp, rows, n_cols, op);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    with_form(use_tanh, [&](auto form) {
+      const ForwardFor<scalar_t, decltype(form)> op;
+      scalar_t* out = y.data_ptr<scalar_t>();
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* bp = bias.const_data_ptr<scalar_t>();
+      constexpr int kVec = kVectorWidth<scalar_t>;
+      if (vectorizable<scalar_t>(n_cols, {out, xp, bp})) {
+        const BiasGrid g = bias_grid(rows, n_cols / kVec, kMaxRowBlocksForward);
+        bias_gelu_forward_kernel<scalar_t, kVec><<<g.grid, g.block, 0, stream>>>(out, xp, bp, rows, n_cols / kVec, op);
+      } else {
+        const BiasGrid g = bias_grid(rows, n_cols, kMaxRowBlocksForward);
+        bias_gelu_forward_kernel<scalar_t, 1><<<g.grid, g.block, 0, stream>>>(out, xp, bp, rows, n_cols, op);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return y;
 }
@@ -292,26 +382,27 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
   at::Tensor grad_bias = at::empty({n_cols}, bias.options());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_bias_gelu_backward_cuda", [&] {
-    using M = at::opmath_type<scalar_t>;
-    const GeluBackward<M> op{use_tanh};
-    scalar_t* dxp = dx.data_ptr<scalar_t>();
-    const scalar_t* gp = grad.const_data_ptr<scalar_t>();
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    const scalar_t* bp = bias.const_data_ptr<scalar_t>();
-    constexpr int kVec = kVectorWidth<scalar_t>;
-    const bool vec = vectorizable<scalar_t>(n_cols, {dxp, gp, xp, bp});
-    const BiasGrid g = bias_grid(rows, vec ? n_cols / kVec : n_cols, kMaxRowBlocksBackward);
-    at::Tensor partial = at::empty({static_cast<int64_t>(g.grid.y), n_cols}, x.options().dtype(at::kFloat));
-    float* pp = partial.data_ptr<float>();
-    if (vec) {
-      bias_gelu_backward_kernel<scalar_t, kVec>
-          <<<g.grid, g.block, 0, stream>>>(dxp, pp, gp, xp, bp, rows, n_cols / kVec, op);
-    } else {
-      bias_gelu_backward_kernel<scalar_t, 1><<<g.grid, g.block, 0, stream>>>(dxp, pp, gp, xp, bp, rows, n_cols, op);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_sum_rows_in_order(pp, static_cast<int64_t>(g.grid.y), n_cols,
-                             StoreAs<scalar_t>{grad_bias.data_ptr<scalar_t>()}, stream);
+    with_form(use_tanh, [&](auto form) {
+      const GeluBackward<decltype(form)::value> op;
+      scalar_t* dxp = dx.data_ptr<scalar_t>();
+      const scalar_t* gp = grad.const_data_ptr<scalar_t>();
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      const scalar_t* bp = bias.const_data_ptr<scalar_t>();
+      constexpr int kVec = kVectorWidth<scalar_t>;
+      const bool vec = vectorizable<scalar_t>(n_cols, {dxp, gp, xp, bp});
+      const BiasGrid g = bias_grid(rows, vec ? n_cols / kVec : n_cols, kMaxRowBlocksBackward);
+      at::Tensor partial = at::empty({static_cast<int64_t>(g.grid.y), n_cols}, x.options().dtype(at::kFloat));
+      float* pp = partial.data_ptr<float>();
+      if (vec) {
+        bias_gelu_backward_kernel<scalar_t, kVec>
+            <<<g.grid, g.block, 0, stream>>>(dxp, pp, gp, xp, bp, rows, n_cols / kVec, op);
+      } else {
+        bias_gelu_backward_kernel<scalar_t, 1><<<g.grid, g.block, 0, stream>>>(dxp, pp, gp, xp, bp, rows, n_cols, op);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_sum_rows_in_order(pp, static_cast<int64_t>(g.grid.y), n_cols,
+                               StoreAs<scalar_t>{grad_bias.data_ptr<scalar_t>()}, stream);
+    });
   });
   return {dx, grad_bias};
 }

@@ -4,7 +4,9 @@ special values, determinism, errors, CUDA grid and alignment paths, >2^31 elemen
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -312,6 +314,90 @@ def test_subnormal_results_are_rounded_not_flushed(device: str, dtype: torch.dty
     rows = torch.stack([x, x])
     dx2, _ = torch.ops.fastops.bias_gelu_backward(rows, torch.zeros_like(rows), zeros, "none")
     assert torch.equal(dx2, (rows.float() * 0.5).to(dtype))
+
+
+# ---- the CUDA forward for fp16/bf16 outputs (csrc/cuda/gelu.cu, *_forward_reduced) -------------------
+# Checked here, on the CPU, as a design: the fit's coefficients read from gelu_math.h, every fp32
+# rounding of the device code, and the approximate reciprocal and exp2 (MUFU.RCP, MUFU.EX2) pushed to
+# errors beyond their documented bounds in both directions. The CUDA contract tests run the kernel.
+
+
+def _header_floats(name: str) -> list[float]:
+    header = Path(__file__).resolve().parents[2] / "csrc/include/fastops/gelu_math.h"
+    match = re.search(name + r" = \{([^}]*)\}", header.read_text())
+    assert match, f"{name} not found in {header}"
+    return [float(v.strip().rstrip("f")) for v in match.group(1).split(",")]
+
+
+def _f32(v: torch.Tensor) -> torch.Tensor:
+    """One fp32 rounding of a float64 result (an fp32 op, or an FMA: a*b + c is exact in float64 for
+    fp32 a, b up to the rounding of the sum, which this rounds once more: at most 1/2 ulp of fp32 off)."""
+    return v.float().double()
+
+
+def _every_value(dtype: torch.dtype) -> torch.Tensor:
+    bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype).double()
+    return x[torch.isfinite(x)]
+
+
+def _ordered_bits(v: torch.Tensor) -> torch.Tensor:
+    """fp16/bf16 bit patterns as integers in the order of the values (adjacent values differ by 1)."""
+    bits = v.view(torch.int16).to(torch.int32)
+    return torch.where(bits < 0, -(bits & 0x7FFF), bits)
+
+
+def _reduced_erf(x: torch.Tensor, rcp_err: float, exp_err: float) -> torch.Tensor:
+    """erf_forward_reduced's bulk in fp32 steps (x float64 holding fp32 values, |x| <= 7)."""
+    n0, n1, n2 = _header_floats("kBulkNReduced")
+    d0, d1, d2 = _header_floats("kBulkDReduced")
+    u = x.abs()
+    num = _f32(_f32(n2 * u + n1) * u + n0)
+    den = _f32(_f32(_f32(u + d2) * u + d1) * u + d0)
+    uq = _f32(u * _f32(num * _f32(_f32(1.0 / den) * (1 + rcp_err))))
+    arg = _f32(_f32(u * u) * _f32(torch.tensor(-0.5 * math.log2(math.e))).item())
+    e = _f32(torch.exp2(arg) * (1 + exp_err))
+    return _f32(-uq * e + torch.where(x >= 0, x, 0.0))
+
+
+def _reduced_tanh(x: torch.Tensor, rcp_err: float, exp_err: float) -> torch.Tensor:
+    k, kc = 0.7978845608028654, 0.7978845608028654 * 0.044715
+    y = _f32(x * _f32(_f32(torch.tensor(kc).float().item() * x) * x + torch.tensor(k).float().item()))
+    arg = _f32(y.abs() * _f32(torch.tensor(-2.0 * math.log2(math.e))).item())
+    e = _f32(torch.exp2(arg) * (1 + exp_err))
+    xr = _f32(x * _f32(_f32(1.0 / _f32(1.0 + e)) * (1 + rcp_err)))
+    return torch.where(y >= 0, xr, _f32(xr * e))
+
+
+@pytest.mark.parametrize("approximate", APPROXIMATE)
+def test_cuda_reduced_forward_design(approximate: str) -> None:
+    # MUFU.RCP is within 1 ulp (2^-23) and MUFU.EX2 within 2^-22.5 relative: pushed to 2^-21 both ways.
+    worst = [(r, e) for r in (-(2.0**-21), 2.0**-21) for e in (-(2.0**-21), 2.0**-21)]
+    evaluate = _reduced_erf if approximate == "none" else _reduced_tanh
+    bulk = 7.0 if approximate == "none" else math.inf  # the erf form's fallback takes the rest
+    for dtype in (torch.bfloat16, torch.float16):
+        x = _every_value(dtype)
+        x = x[x.abs() <= bulk]
+        exact = reference.gelu(x, approximate)
+        want = exact.to(dtype).double()  # correctly rounded
+        ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10  # tests.helpers.ulp_floor
+        for rcp_err, exp_err in worst:
+            got = evaluate(x, rcp_err, exp_err).to(dtype).double()
+            # The contract tests' bound for fp16/bf16 (the 2x rule with eager's error taken as 0).
+            bad = (got - exact).abs() > 2 * ulp * exact.abs() + 1e-6
+            assert not bad.any(), f"{dtype}: x={x[bad][:4].tolist()} got {got[bad][:4].tolist()}"
+            # Off the correctly rounded value by at most one step, and only where the value lies within
+            # ~1e-5 relative of a rounding boundary (measured: 0.4% of the bf16 inputs, 1.4% of fp16).
+            steps = (_ordered_bits(got.to(dtype)) - _ordered_bits(want.to(dtype))).abs()
+            assert steps.max().item() <= 1 and (steps > 0).float().mean().item() < 0.02
+    # bias_gelu rounds x + bias only at its output: fp32 inputs too, relative error of the fp32 result.
+    x = torch.linspace(-7.0, 7.0, 400001, dtype=torch.float64).float().double()
+    if approximate == "tanh":
+        x = torch.cat([x, torch.linspace(-9.0, -7.0, 20001, dtype=torch.float64).float().double()])
+    exact = reference.gelu(x, approximate)
+    for rcp_err, exp_err in worst:
+        rel = ((evaluate(x, rcp_err, exp_err) - exact).abs() / exact.abs().clamp_min(1e-30))[exact != 0]
+        assert rel.max().item() < 4e-5, f"max relative error {rel.max().item():.2e}"
 
 
 def test_fp64_matches_reference_tightly() -> None:

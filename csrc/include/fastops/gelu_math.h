@@ -21,6 +21,7 @@
 #include <c10/util/Exception.h>
 #include <fastops/checks.h>
 
+#include <array>
 #include <cmath>
 #include <string_view>
 
@@ -51,6 +52,18 @@ C10_HOST_DEVICE inline V tail_poly(const V& t, Fma fma) {
   p = fma(p, t, V(kP1));
   return fma(p, t, V(kP0));
 }
+// The bulk |x| <= kBulkLimit, where almost every activation lies: Q(u) = N(u) / D(u), a rational fit
+// on [0, kBulkLimit] (our own: linear-programming minimax of the relative error against scipy's
+// erfcx in float64, then rounded to fp32), low to high, D monic. Full: degree (4, 4), 7.9e-8; reduced
+// (fp16/bf16 outputs of the forward): degree (2, 3), 9.5e-6. Used by the CPU kernels' bulk path and
+// by the CUDA forward for fp16/bf16 outputs.
+constexpr float kBulkLimit = 7.0f;
+constexpr std::array<float, 5> kBulkN = {1.671565247e+01f, 1.058711720e+01f, 3.209682703e+00f, 3.979189992e-01f,
+                                         3.068713704e-05f};
+constexpr std::array<float, 4> kBulkD = {3.343130493e+01f, 4.784848022e+01f, 2.788196945e+01f, 8.007079124e+00f};
+constexpr std::array<float, 3> kBulkNReduced = {3.628929138e+00f, 1.885877252e+00f, 4.001633525e-01f};
+constexpr std::array<float, 3> kBulkDReduced = {7.257789612e+00f, 9.565021515e+00f, 4.789812565e+00f};
+
 // Beyond this |x| exp(-x^2/2) is 0 in fp32; clamping there keeps x*x (and its exact low part) finite.
 constexpr float kTailClamp = 20.0f;
 
