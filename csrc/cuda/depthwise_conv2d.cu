@@ -13,7 +13,11 @@
 // dimension of the layout (ow for NCHW, c for NHWC) so loads and stores coalesce. The forward has
 // fully unrolled bodies for 3x3, 5x5 and 7x7 and a generic loop for other kernels; the dgrad is a
 // gather (taps whose stride phase matches), never an atomic scatter.
-// Weight gradient: the N*OH*OW positions of each channel are cut into a fixed number of fixed-size
+// Weight gradient, NHWC with C a multiple of the vector width, 16-byte aligned, 3x3/5x5/7x7 (the common
+// case): fastops/depthwise_wgrad_nhwc.h, shared with a host test: a task is a run of output rows x
+// one channel vector, its K threads (one per kernel row) keep K x V tap sums in registers over the
+// run, and the runs' partials are added in a fixed two-stage order.
+// Otherwise: the N*OH*OW positions of each channel are cut into a fixed number of fixed-size
 // partitions (a function of the shape only). One block per (partition, channel [group], tap group)
 // reads each (g, x) pair once, keeps up to 25 tap sums + the bias sum in registers, reduces them in
 // a fixed tree (warp shuffles, then shared memory) and writes per-partition partials to a
@@ -27,6 +31,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <fastops/checks.h>
 #include <fastops/depthwise.h>
+#include <fastops/depthwise_wgrad_nhwc.h>
 #include <torch/library.h>
 
 #include <fastops/cuda_common.cuh>
@@ -330,6 +335,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+namespace dwg = fastops::depthwise_wgrad;
+
+// Block: 32 tasks (threadIdx.x) x the K kernel rows (threadIdx.y).
+template <typename T, int V, int K>
+__global__ void __launch_bounds__(32 * 7) backward_weight_nhwc_vec_kernel(const dwg::NhwcArgs a, int64_t tasks) {
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (task < tasks) dwg::nhwc_task<T, V, K>(a, task, static_cast<int>(threadIdx.y));
+}
+
+__global__ void __launch_bounds__(kThreads)
+    backward_weight_slot_groups_kernel(const float* __restrict__ ws, float* __restrict__ out, int64_t slots,
+                                       int64_t width, int64_t groups) {
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < groups * width;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t group = k / width;
+    dwg::sum_slot_group(ws, out, slots, width, group, k - group * width);
+  }
+}
+
 // Writes the summed partials, element i = c * (taps + 1) + k of a (C, taps + 1) row: the tap sums to
 // dw[c][k], the last slot to db[c].
 template <typename T>
@@ -448,6 +472,56 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
   return dx;
 }
 
+// The NHWC channel-vector weight gradient (see fastops/depthwise_wgrad_nhwc.h); k = 3, 5 or 7.
+template <typename T>
+void backward_weight_nhwc_vec(const DepthwiseGeometry& dg, int k, const T* gp, const T* xp, at::Tensor& dw,
+                              at::Tensor& db, const at::TensorOptions& options, cudaStream_t stream) {
+  constexpr int V = kVectorWidth<T>;
+  const int64_t taps = dg.taps(), width = dg.C * (taps + 1);
+  const int64_t cvs = dg.C / V, rows = dg.N * dg.OH;
+  // About two waves of 2048 threads per SM, in runs of whole rows; the workspace within 64 MiB.
+  const int64_t want_tasks = 2 * 2048 * static_cast<int64_t>(multiprocessor_count()) / k;
+  int64_t slots = std::clamp<int64_t>(want_tasks / cvs, 1, rows);
+  slots = std::min<int64_t>(slots, std::max<int64_t>(1, (int64_t{16} << 20) / width));
+  const int64_t rows_per_slot = (rows + slots - 1) / slots;
+  slots = (rows + rows_per_slot - 1) / rows_per_slot;
+  const int64_t groups = (slots + dwg::kGroupRows - 1) / dwg::kGroupRows;
+  at::Tensor ws = at::empty({slots, width}, options.dtype(at::kFloat));
+  at::Tensor group_sums = at::empty({groups, width}, options.dtype(at::kFloat));
+  const dwg::NhwcArgs args{xp,
+                           gp,
+                           ws.data_ptr<float>(),
+                           dg.N,
+                           dg.H,
+                           dg.W,
+                           dg.C,
+                           dg.OH,
+                           dg.OW,
+                           static_cast<int>(dg.sh),
+                           static_cast<int>(dg.sw),
+                           static_cast<int>(dg.pt),
+                           static_cast<int>(dg.pl),
+                           static_cast<int>(dg.dh),
+                           static_cast<int>(dg.dw),
+                           rows_per_slot,
+                           slots};
+  const int64_t tasks = slots * cvs;
+  TORCH_CHECK((tasks + 31) / 32 <= INT32_MAX, "fastops.depthwise_conv2d_backward_weight: too many channels");
+  const auto blocks = static_cast<unsigned>((tasks + 31) / 32);
+  with_kernel_size<3, 5, 7>(k, [&](auto kc) {
+    constexpr int K = decltype(kc)::value;
+    if constexpr (K > 0) {
+      backward_weight_nhwc_vec_kernel<T, V, K><<<blocks, dim3(32, K), 0, stream>>>(args, tasks);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+  backward_weight_slot_groups_kernel<<<grid_stride_blocks(groups * width), kThreads, 0, stream>>>(
+      ws.data_ptr<float>(), group_sums.data_ptr<float>(), slots, width, groups);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_sum_rows_in_order(group_sums.data_ptr<float>(), groups, width,
+                           StoreWeightAndBias<T>{dw.data_ptr<T>(), db.data_ptr<T>(), static_cast<int>(taps)}, stream);
+}
+
 std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                     at::IntArrayRef kernel_size, at::IntArrayRef stride,
                                                                     at::IntArrayRef padding, at::IntArrayRef dilation) {
@@ -470,7 +544,6 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
   const int tap_groups = (taps + kMaxTaps - 1) / kMaxTaps;
   TORCH_CHECK(tap_groups < 65536,
               "fastops.depthwise_conv2d_backward_weight: kernel too large for the CUDA weight gradient");
-  at::Tensor ws = at::empty({parts, dg.C, taps + 1}, x.options().dtype(at::kFloat));
   const Geo g = to_geo(dg);
   const auto stream = c10::cuda::getCurrentCUDAStream();
   const int64_t channel_blocks = cl ? (dg.C + 31) / 32 : dg.C;
@@ -479,6 +552,14 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
   FASTOPS_DISPATCH_FLOAT_HALF_BF16(x.scalar_type(), "fastops_depthwise_wgrad_cuda", [&] {
     const scalar_t* gp = go.const_data_ptr<scalar_t>();
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const int k = square_kernel_size(dg);
+    // 32-bit offsets within a row (fastops/depthwise_wgrad_nhwc.h): W * C and OW * C below 2^31.
+    const bool small_rows = std::max(dg.W, dg.OW) * dg.C < (int64_t{1} << 31);
+    if (cl && k > 0 && positions > 0 && small_rows && vectorizable<scalar_t>(dg.C, {gp, xp})) {
+      backward_weight_nhwc_vec<scalar_t>(dg, k, gp, xp, dw, db, x.options(), stream);
+      return;
+    }
+    at::Tensor ws = at::empty({parts, dg.C, taps + 1}, x.options().dtype(at::kFloat));
     float* wsp = ws.data_ptr<float>();
     const dim3 grid(static_cast<unsigned>(parts), static_cast<unsigned>(channel_blocks),
                     static_cast<unsigned>(tap_groups));

@@ -333,6 +333,119 @@ def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
             assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
 
 
+# ---- CUDA's NHWC weight gradient, run on the host -----------------------------------------------------
+# fastops/depthwise_wgrad_nhwc.h holds the per-thread body and the first reduction stage of the CUDA
+# kernel as host+device functions; this compiles them for the CPU and runs every task of the same grid
+# and both reduction stages in the kernel's order, so the index arithmetic, the image edges, the
+# per-run bookkeeping and the summation order are checked without a GPU.
+
+_HOST_WGRAD_SOURCE = r"""
+#include <torch/extension.h>
+#include <fastops/depthwise_wgrad_nhwc.h>
+
+namespace dwg = fastops::depthwise_wgrad;
+
+template <typename T, int V, int K>
+void run_tasks(const dwg::NhwcArgs& a) {
+  const int64_t tasks = a.slots * (a.C / V);
+  for (int64_t t = 0; t < tasks; ++t) {
+    for (int kh = 0; kh < K; ++kh) dwg::nhwc_task<T, V, K>(a, t, kh);
+  }
+}
+
+template <typename T, int V>
+void run_size(const dwg::NhwcArgs& a, int64_t k) {
+  if (k == 3) run_tasks<T, V, 3>(a);
+  else if (k == 5) run_tasks<T, V, 5>(a);
+  else run_tasks<T, V, 7>(a);
+}
+
+// x (N, H, W, C), g (N, OH, OW, C), geo = {sh, sw, pt, pl, dh, dw}: the (C, k*k + 1) fp32 sums.
+at::Tensor emulate(at::Tensor x, at::Tensor g, int64_t k, std::vector<int64_t> geo, int64_t rows_per_slot) {
+  const int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3), OH = g.size(1), OW = g.size(2);
+  const int64_t taps = k * k, width = C * (taps + 1), rows = N * OH;
+  const int64_t slots = (rows + rows_per_slot - 1) / rows_per_slot;
+  at::Tensor ws = at::full({slots, width}, NAN, x.options().dtype(at::kFloat));
+  dwg::NhwcArgs a{x.data_ptr(), g.data_ptr(), ws.data_ptr<float>(), N, H, W, C, OH, OW,
+                  (int)geo[0], (int)geo[1], (int)geo[2], (int)geo[3], (int)geo[4], (int)geo[5],
+                  rows_per_slot, slots};
+  if (x.scalar_type() == at::kFloat) run_size<float, 4>(a, k);
+  else if (x.scalar_type() == at::kHalf) run_size<c10::Half, 8>(a, k);
+  else run_size<c10::BFloat16, 8>(a, k);
+  const int64_t groups = (slots + dwg::kGroupRows - 1) / dwg::kGroupRows;
+  at::Tensor sums = at::empty({groups, width}, ws.options());
+  for (int64_t group = 0; group < groups; ++group) {
+    for (int64_t i = 0; i < width; ++i) dwg::sum_slot_group(ws.data_ptr<float>(), sums.data_ptr<float>(), slots, width, group, i);
+  }
+  at::Tensor out = at::empty({width}, ws.options());
+  const float* s = sums.data_ptr<float>();
+  for (int64_t i = 0; i < width; ++i) {  // as sum_rows_in_order_kernel: the groups in order
+    float sum = 0.f;
+    for (int64_t r = 0; r < groups; ++r) sum += s[r * width + i];
+    out.data_ptr<float>()[i] = sum;
+  }
+  return out.view({C, taps + 1});
+}
+"""
+
+_HOST_WGRAD: list = []
+
+
+def _host_wgrad():  # noqa: ANN202 (a compiled module)
+    if not _HOST_WGRAD:
+        from pathlib import Path
+
+        from torch.utils.cpp_extension import load_inline
+
+        include = Path(__file__).resolve().parents[2] / "csrc" / "include"
+        _HOST_WGRAD.append(
+            load_inline(
+                "fastops_test_host_wgrad",
+                cpp_sources=_HOST_WGRAD_SOURCE,
+                functions=["emulate"],
+                extra_include_paths=[str(include)],
+                extra_cflags=["-O2"],
+            )
+        )
+    return _HOST_WGRAD[0]
+
+
+# (N, C, H, W, k, stride, padding (top, bottom, left, right), dilation, rows_per_slot)
+HOST_WGRAD_CASES = [
+    (2, 8, 9, 7, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (3, 16, 11, 10, 3, (2, 2), (1, 0, 1, 0), (1, 1), 4),
+    (2, 8, 13, 12, 5, (1, 2), (2, 2, 0, 3), (1, 1), 3),
+    (1, 24, 16, 15, 7, (2, 1), (3, 3, 3, 3), (1, 1), 5),
+    (2, 8, 15, 14, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1000),
+    (2, 8, 5, 4, 7, (1, 1), (3, 3, 3, 3), (1, 1), 2),  # the window wider than the image
+    (65, 8, 3, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output pixel per image, 65 runs: 2 groups
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", HOST_WGRAD_CASES, ids=lambda c: "x".join(map(str, c[:5])))
+def test_cuda_nhwc_weight_gradient_on_the_host(case: tuple, dtype: torch.dtype) -> None:
+    n, c, h, w, k, stride, pad, dil, rows_per_slot = case
+    pt, pb, pl, pr = pad
+    oh = (h + pt + pb - dil[0] * (k - 1) - 1) // stride[0] + 1
+    ow = (w + pl + pr - dil[1] * (k - 1) - 1) // stride[1] + 1
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    x = torch.randn(n, c, h, w, generator=gen).to(dtype)
+    g = torch.randn(n, c, oh, ow, generator=gen).to(dtype)
+    x64 = x.double()
+    w64 = torch.zeros(c, 1, k, k, dtype=torch.float64, requires_grad=True)
+    y64 = reference.depthwise_conv2d(x64, w64, None, stride, pad, dil)
+    assert y64.shape == g.shape
+    (dw64,) = torch.autograd.grad(y64, w64, g.double())
+    db64 = g.double().sum((0, 2, 3))
+    nhwc = (x.permute(0, 2, 3, 1).contiguous(), g.permute(0, 2, 3, 1).contiguous())
+    sums = _host_wgrad().emulate(*nhwc, k, [*stride, pt, pl, *dil], rows_per_slot)
+    assert not sums.isnan().any(), "a workspace entry was never written"
+    # fp32 sums of a few hundred products of fp16/bf16/fp32 values
+    torch.testing.assert_close(sums[:, : k * k].double().view(c, 1, k, k), dw64, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(sums[:, k * k].double(), db64, rtol=1e-5, atol=1e-4)
+
+
 # ---- CUDA: >2^31 elements ----------------------------------------------------------------------------
 
 
