@@ -26,11 +26,13 @@
 // 5x5; 7x7 reads them twice, once per tap group) plus a workspace of P*C*(taps+1) floats.
 #include <ATen/OpMathType.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/flip.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <fastops/checks.h>
 #include <fastops/depthwise.h>
+#include <fastops/depthwise_rows_nhwc.h>
 #include <fastops/depthwise_wgrad_nhwc.h>
 #include <torch/library.h>
 
@@ -251,6 +253,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+namespace dwr = fastops::depthwise_rows;
+
+// Row blocks of kPixels outputs x one channel vector per task (fastops/depthwise_rows_nhwc.h).
+template <typename T, int V, int K, int S>
+__global__ void __launch_bounds__(kThreads) rows_nhwc_kernel(const dwr::Args a, int64_t tasks) {
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < tasks;
+       t += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dwr::task<T, V, K, S, dwr::kPixels>(a, t);
+  }
+}
+
 // Picks the compile-time kernel size body: 3, 5, 7 (square) or 0 (generic).
 inline int square_kernel_size(const DepthwiseGeometry& dg) {
   return dg.KH == dg.KW && (dg.KH == 3 || dg.KH == 5 || dg.KH == 7) ? static_cast<int>(dg.KH) : 0;
@@ -260,6 +273,48 @@ template <int... Ks, typename F>
 void with_kernel_size(int k, F&& f) {
   bool done = ((k == Ks ? (f(std::integral_constant<int, Ks>{}), true) : false) || ...);
   if (!done) f(std::integral_constant<int, 0>{});
+}
+
+// The row-block kernel for a forward (stride s) or a stride-1 input gradient (in = g, the taps of wt
+// flipped, pads K - 1 - pad): square k = 3, 5, 7, dilation 1, s = 1 or 2, rows of IW * C < 2^31.
+template <typename T>
+void launch_rows_nhwc(const dwr::Args& a, int k, int s, cudaStream_t stream) {
+  constexpr int V = kVectorWidth<T>;
+  const int64_t tasks = a.N * a.OH * dwr::row_blocks<dwr::kPixels>(a.OW) * (a.C / V);
+  with_kernel_size<3, 5, 7>(k, [&](auto kc) {
+    constexpr int K = decltype(kc)::value;
+    if constexpr (K > 0) {
+      const auto kernel = s == 1 ? rows_nhwc_kernel<T, V, K, 1> : rows_nhwc_kernel<T, V, K, 2>;
+      kernel<<<grid_stride_blocks(tasks), kThreads, 0, stream>>>(a, tasks);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+// The row-block kernel's arguments: a forward reads x (H x W) into y (OH x OW); the stride-1 input
+// gradient reads g (OH x OW) into dx (H x W) with the flipped kernel's pads K - 1 - pad.
+inline dwr::Args rows_args(const DepthwiseGeometry& dg, bool input_grad, const void* in, const float* wt,
+                           const float* bias, void* out) {
+  dwr::Args a{};
+  a.in = in;
+  a.wt = wt;
+  a.bias = bias;
+  a.out = out;
+  a.N = dg.N;
+  a.C = dg.C;
+  a.IH = input_grad ? dg.OH : dg.H;
+  a.IW = input_grad ? dg.OW : dg.W;
+  a.OH = input_grad ? dg.H : dg.OH;
+  a.OW = input_grad ? dg.W : dg.OW;
+  a.pt = static_cast<int>(input_grad ? dg.KH - 1 - dg.pt : dg.pt);
+  a.pl = static_cast<int>(input_grad ? dg.KW - 1 - dg.pl : dg.pl);
+  return a;
+}
+
+// Whether the row-block kernel takes this shape.
+inline bool rows_nhwc_fit(const DepthwiseGeometry& dg, int64_t in_w, int stride) {
+  return square_kernel_size(dg) > 0 && dg.dh == 1 && dg.dw == 1 && dg.sh == dg.sw && dg.sh == stride &&
+         in_w * dg.C < (int64_t{1} << 31);
 }
 
 // Weight gradient partials. NCHW: block = 256 threads on one channel (blockIdx.y), consecutive
@@ -406,6 +461,11 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
     if (cl && vectorizable<scalar_t>(dg.C, {xp, yp})) {
       constexpr int V = kVectorWidth<scalar_t>;
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
+      if (rows_nhwc_fit(dg, dg.W, static_cast<int>(dg.sh)) && (dg.sh == 1 || dg.sh == 2)) {
+        const dwr::Args a = rows_args(dg, false, xp, wt.const_data_ptr<float>(), bp, yp);
+        launch_rows_nhwc<scalar_t>(a, k, static_cast<int>(dg.sh), stream);
+        return;
+      }
       const int64_t vectors = total / V;
       with_kernel_size<3, 5, 7>(k, [&](auto kc) {
         forward_nhwc_vec_kernel<scalar_t, V, decltype(kc)::value>
@@ -445,6 +505,14 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
     scalar_t* dxp = dx.data_ptr<scalar_t>();
     if (channels_last && vectorizable<scalar_t>(dg.C, {gp, dxp})) {
       constexpr int V = kVectorWidth<scalar_t>;
+      const int k = square_kernel_size(dg);
+      if (rows_nhwc_fit(dg, dg.OW, 1)) {
+        // A stride-1 forward of g with the kernel flipped (fastops/depthwise_rows_nhwc.h).
+        const at::Tensor wt_flipped = w.view({dg.C, dg.taps()}).flip({1}).t().contiguous();
+        const dwr::Args a = rows_args(dg, true, gp, wt_flipped.const_data_ptr<float>(), nullptr, dxp);
+        launch_rows_nhwc<scalar_t>(a, k, 1, stream);
+        return;
+      }
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
       const int64_t vectors = total / V;
       const bool s1 = dg.sh == 1 && dg.sw == 1;

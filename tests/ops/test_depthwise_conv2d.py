@@ -334,16 +334,44 @@ def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:
 
 
 # ---- CUDA's NHWC weight gradient, run on the host -----------------------------------------------------
-# fastops/depthwise_wgrad_nhwc.h holds the per-thread body and the first reduction stage of the CUDA
-# kernel as host+device functions; this compiles them for the CPU and runs every task of the same grid
-# and both reduction stages in the kernel's order, so the index arithmetic, the image edges, the
-# per-run bookkeeping and the summation order are checked without a GPU.
+# fastops/depthwise_wgrad_nhwc.h and fastops/depthwise_rows_nhwc.h hold the per-thread bodies of CUDA
+# kernels (the weight gradient with its first reduction stage; the row-block forward and stride-1
+# input gradient) as host+device functions; these tests compile them for the CPU and run every task
+# of the same grids (and the weight gradient's reductions in the kernel's order), so the index
+# arithmetic, the image edges and the bookkeeping are checked without a GPU.
 
 _HOST_WGRAD_SOURCE = r"""
 #include <torch/extension.h>
+#include <fastops/depthwise_rows_nhwc.h>
 #include <fastops/depthwise_wgrad_nhwc.h>
 
 namespace dwg = fastops::depthwise_wgrad;
+namespace dwr = fastops::depthwise_rows;
+
+template <typename T, int V, int K, int S>
+void rows_tasks(const dwr::Args& a) {
+  const int64_t tasks = a.N * a.OH * dwr::row_blocks<dwr::kPixels>(a.OW) * (a.C / V);
+  for (int64_t t = 0; t < tasks; ++t) dwr::task<T, V, K, S, dwr::kPixels>(a, t);
+}
+
+template <typename T, int V>
+void rows_size(const dwr::Args& a, int64_t k, int64_t s) {
+  if (k == 3) s == 1 ? rows_tasks<T, V, 3, 1>(a) : rows_tasks<T, V, 3, 2>(a);
+  else if (k == 5) s == 1 ? rows_tasks<T, V, 5, 1>(a) : rows_tasks<T, V, 5, 2>(a);
+  else s == 1 ? rows_tasks<T, V, 7, 1>(a) : rows_tasks<T, V, 7, 2>(a);
+}
+
+// in (N, IH, IW, C), wt (k*k, C) fp32, bias (C) fp32 or empty: out (N, OH, OW, C) in in's dtype.
+at::Tensor rows(at::Tensor in, at::Tensor wt, at::Tensor bias, int64_t k, int64_t s, int64_t oh, int64_t ow,
+                int64_t pt, int64_t pl) {
+  at::Tensor out = at::full({in.size(0), oh, ow, in.size(3)}, NAN, in.options());
+  dwr::Args a{in.data_ptr(), wt.data_ptr<float>(), bias.numel() ? bias.data_ptr<float>() : nullptr, out.data_ptr(),
+              in.size(0), in.size(1), in.size(2), in.size(3), oh, ow, (int)pt, (int)pl};
+  if (in.scalar_type() == at::kFloat) rows_size<float, 4>(a, k, s);
+  else if (in.scalar_type() == at::kHalf) rows_size<c10::Half, 8>(a, k, s);
+  else rows_size<c10::BFloat16, 8>(a, k, s);
+  return out;
+}
 
 template <typename T, int V, int K>
 void run_tasks(const dwg::NhwcArgs& a) {
@@ -402,7 +430,7 @@ def _host_wgrad():  # noqa: ANN202 (a compiled module)
             load_inline(
                 "fastops_test_host_wgrad",
                 cpp_sources=_HOST_WGRAD_SOURCE,
-                functions=["emulate"],
+                functions=["emulate", "rows"],
                 extra_include_paths=[str(include)],
                 extra_cflags=["-O2"],
             )
@@ -444,6 +472,50 @@ def test_cuda_nhwc_weight_gradient_on_the_host(case: tuple, dtype: torch.dtype) 
     # fp32 sums of a few hundred products of fp16/bf16/fp32 values
     torch.testing.assert_close(sums[:, : k * k].double().view(c, 1, k, k), dw64, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(sums[:, k * k].double(), db64, rtol=1e-5, atol=1e-4)
+
+
+# (N, C, H, W, k, stride, padding (top, bottom, left, right)); dilation 1
+HOST_ROWS_CASES = [
+    (2, 8, 9, 7, 3, 1, (1, 1, 1, 1)),
+    (1, 16, 11, 10, 3, 2, (1, 1, 1, 1)),
+    (2, 8, 13, 13, 5, 1, (2, 2, 2, 2)),
+    (1, 8, 12, 9, 5, 2, (2, 1, 2, 1)),
+    (1, 24, 14, 15, 7, 1, (3, 3, 3, 3)),
+    (2, 8, 9, 11, 7, 2, (3, 3, 3, 3)),
+    (1, 8, 4, 3, 7, 1, (3, 3, 3, 3)),  # the window wider than the image; one partial row block
+    (1, 8, 6, 6, 3, 1, (0, 2, 0, 2)),  # asymmetric ("valid" on the top/left)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", HOST_ROWS_CASES, ids=lambda c: "x".join(map(str, c[:6])))
+def test_cuda_nhwc_row_blocks_on_the_host(case: tuple, dtype: torch.dtype) -> None:
+    n, c, h, w, k, s, pad = case
+    pt, pb, pl, pr = pad
+    gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+    x = torch.randn(n, c, h, w, generator=gen).to(dtype)
+    weight = torch.randn(c, 1, k, k, generator=gen)
+    bias = torch.randn(c, generator=gen)
+    x64 = x.double().requires_grad_(True)
+    y64 = reference.depthwise_conv2d(x64, weight.double(), bias.double(), s, pad, 1)
+    oh, ow = y64.shape[2:]
+    g = torch.randn(y64.shape, generator=gen).to(dtype)
+    (dx64,) = torch.autograd.grad(y64, x64, g.double())
+
+    def nhwc(t: torch.Tensor) -> torch.Tensor:
+        return t.permute(0, 2, 3, 1).contiguous()
+
+    ext = _host_wgrad()
+    wt = weight.view(c, k * k).t().contiguous()
+    y = ext.rows(nhwc(x), wt, bias, k, s, oh, ow, pt, pl).permute(0, 3, 1, 2)
+    # fp32 sums of k*k products and the bias, rounded once to the dtype
+    assert_close_to_reference(y, y64.detach(), rtol=None if dtype == torch.float32 else 1e-2)
+    if s != 1:
+        return
+    # The stride-1 input gradient: a forward of g with the kernel flipped and pads k - 1 - pad.
+    wt_flipped = weight.view(c, k * k).flip(1).t().contiguous()
+    dx = ext.rows(nhwc(g), wt_flipped, torch.empty(0), k, 1, h, w, k - 1 - pt, k - 1 - pl).permute(0, 3, 1, 2)
+    assert_close_to_reference(dx, dx64, rtol=None if dtype == torch.float32 else 1e-2)
 
 
 # ---- CUDA: >2^31 elements ----------------------------------------------------------------------------
