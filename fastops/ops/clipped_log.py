@@ -63,17 +63,8 @@ def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight
     return torch.empty_like(x)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, eps, straight_through = inputs
-    ctx.save_for_backward(x)  # the only saved tensor: the output is not needed
-    ctx.eps = eps
-    ctx.straight_through = straight_through
-
-
-def _backward(ctx, grad_out: Tensor):
-    (x,) = ctx.saved_tensors
-    grad_x = torch.ops.fastops.clipped_log_backward.default(grad_out, x, ctx.eps, ctx.straight_through)
-    return grad_x, None, None
+# The forward op's autograd is C++ (csrc/autograd.cpp: no Python on the way of a call); the backward
+# op's autograd (double backward) is here.
 
 
 def _setup_backward_context(ctx, inputs, output) -> None:
@@ -95,7 +86,6 @@ def _double_backward(ctx, grad_grad_x: Tensor):
     return grad_grad_out, grad_x, None, None
 
 
-torch.library.register_autograd("fastops::clipped_log", _backward, setup_context=_setup_context)
 torch.library.register_autograd(
     "fastops::clipped_log_backward", _double_backward, setup_context=_setup_backward_context
 )

@@ -150,15 +150,8 @@ def _second_derivative(x: Tensor, approximate: str) -> Tensor:
     return 2.0 * ds + x * d2s
 
 
-def _gelu_setup_context(ctx, inputs, output) -> None:
-    x, approximate = inputs
-    ctx.save_for_backward(x)  # the output is not needed: the backward kernel recomputes from x
-    ctx.approximate = approximate
-
-
-def _gelu_backward(ctx, grad_out: Tensor):
-    (x,) = ctx.saved_tensors
-    return torch.ops.fastops.gelu_backward.default(grad_out, x, ctx.approximate), None
+# The forward ops' autograd is C++ (csrc/autograd.cpp: no Python on the way of a call); the backward
+# ops' autograd (double backward) is here.
 
 
 def _gelu_backward_setup_context(ctx, inputs, output) -> None:
@@ -173,18 +166,6 @@ def _gelu_double_backward(ctx, grad_grad_x: Tensor):
     grad_grad_out = torch.ops.fastops.gelu_backward.default(grad_grad_x, x, ctx.approximate)
     grad_x = grad_grad_x * grad_out * _second_derivative(x, ctx.approximate)
     return grad_grad_out, grad_x, None
-
-
-def _bias_gelu_setup_context(ctx, inputs, output) -> None:
-    x, bias, approximate = inputs
-    ctx.save_for_backward(x, bias)  # x + bias is recomputed in the backward kernel, never stored
-    ctx.approximate = approximate
-
-
-def _bias_gelu_backward(ctx, grad_out: Tensor):
-    x, bias = ctx.saved_tensors
-    grad_x, grad_bias = torch.ops.fastops.bias_gelu_backward.default(grad_out, x, bias, ctx.approximate)
-    return grad_x, grad_bias, None
 
 
 def _bias_gelu_backward_setup_context(ctx, inputs, output) -> None:
@@ -207,12 +188,8 @@ def _bias_gelu_double_backward(ctx, grad_grad_x: Tensor | None, grad_grad_bias: 
     return grad_grad_out, grad_h, grad_bias, None
 
 
-torch.library.register_autograd("fastops::gelu", _gelu_backward, setup_context=_gelu_setup_context)
 torch.library.register_autograd(
     "fastops::gelu_backward", _gelu_double_backward, setup_context=_gelu_backward_setup_context
-)
-torch.library.register_autograd(
-    "fastops::bias_gelu", _bias_gelu_backward, setup_context=_bias_gelu_setup_context
 )
 torch.library.register_autograd(
     "fastops::bias_gelu_backward", _bias_gelu_double_backward, setup_context=_bias_gelu_backward_setup_context

@@ -1,0 +1,166 @@
+// The Autograd kernels of the elementwise ops (gelu, bias_gelu, clipped_log), in C++.
+//
+// Why: registered from Python (torch.library.register_autograd) every call of these ops entered a
+// Python kernel at the Autograd key, with grad or without: with a 0-element tensor on the CPU,
+// fastops.gelu cost 9.2 us against eager's 1.4, a forward that records the graph 19.7 against 1.7,
+// and forward + backward 56 against 20 (2026-11-27, torch 2.13). On a GPU that overhead is the whole
+// gap below ~16M elements (benchmarks/results/gpu_h200_2026-11-27.md). Here a call with no gradient
+// to record goes straight below autograd, and one that records runs a torch::autograd::Function whose
+// backward calls the backward op below autograd too (one dispatcher hop, no Python).
+//
+// Double backward: with create_graph the backward op is called through autograd instead, where its
+// own registration (Python, fastops/ops/*.py: gelu'' and the clamp's second derivative) records the
+// graph. Each op's fake kernel and autocast rule stay in Python.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <string>
+
+namespace fastops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
+using GeluSig = at::Tensor(const at::Tensor&, c10::string_view);
+using GeluBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view);
+using BiasGeluSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view);
+using BiasGeluBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                               c10::string_view);
+using ClippedLogSig = at::Tensor(const at::Tensor&, double, bool);
+using ClippedLogBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, bool);
+
+const auto& gelu_op() {
+  static const auto op = find_op<GeluSig>("fastops::gelu");
+  return op;
+}
+const auto& gelu_backward_op() {
+  static const auto op = find_op<GeluBackwardSig>("fastops::gelu_backward");
+  return op;
+}
+const auto& bias_gelu_op() {
+  static const auto op = find_op<BiasGeluSig>("fastops::bias_gelu");
+  return op;
+}
+const auto& bias_gelu_backward_op() {
+  static const auto op = find_op<BiasGeluBackwardSig>("fastops::bias_gelu_backward");
+  return op;
+}
+const auto& clipped_log_op() {
+  static const auto op = find_op<ClippedLogSig>("fastops::clipped_log");
+  return op;
+}
+const auto& clipped_log_backward_op() {
+  static const auto op = find_op<ClippedLogBackwardSig>("fastops::clipped_log_backward");
+  return op;
+}
+
+// Calls op below the autograd keys (the device kernel; autocast has already run).
+template <typename Op, typename... Args>
+auto below_autograd(const Op& op, Args&&... args) {
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op.call(std::forward<Args>(args)...);
+}
+
+// A backward op from a backward: through autograd when the graph of the backward is being recorded
+// (create_graph), else straight to the kernel.
+template <typename Op, typename... Args>
+auto backward_call(const Op& op, Args&&... args) {
+  if (at::GradMode::is_enabled()) return op.call(std::forward<Args>(args)...);
+  return below_autograd(op, std::forward<Args>(args)...);
+}
+
+bool records_grad(std::initializer_list<const at::Tensor*> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const at::Tensor* t : inputs) {
+    if (t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+// ---- gelu ----------------------------------------------------------------------------------------
+
+class GeluFunction : public torch::autograd::Function<GeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const std::string& approximate) {
+    ctx->save_for_backward({x});  // the output is not needed: the backward kernel recomputes from x
+    ctx->saved_data["approximate"] = approximate;
+    return below_autograd(gelu_op(), x, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    return {backward_call(gelu_backward_op(), grads[0], x, approximate), at::Tensor()};
+  }
+};
+
+at::Tensor gelu_autograd(const at::Tensor& x, c10::string_view approximate) {
+  if (!records_grad({&x})) return below_autograd(gelu_op(), x, approximate);
+  return GeluFunction::apply(x, std::string(approximate));
+}
+
+// ---- bias_gelu -----------------------------------------------------------------------------------
+
+class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
+                            const std::string& approximate) {
+    ctx->save_for_backward({x, bias});  // x + bias is recomputed in the backward kernel, never stored
+    ctx->saved_data["approximate"] = approximate;
+    return below_autograd(bias_gelu_op(), x, bias, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const std::string approximate = ctx->saved_data["approximate"].toStringRef();
+    auto [grad_x, grad_bias] = backward_call(bias_gelu_backward_op(), grads[0], saved[0], saved[1], approximate);
+    return {grad_x, grad_bias, at::Tensor()};
+  }
+};
+
+at::Tensor bias_gelu_autograd(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  if (!records_grad({&x, &bias})) return below_autograd(bias_gelu_op(), x, bias, approximate);
+  return BiasGeluFunction::apply(x, bias, std::string(approximate));
+}
+
+// ---- clipped_log ---------------------------------------------------------------------------------
+
+class ClippedLogFunction : public torch::autograd::Function<ClippedLogFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double eps, bool straight_through) {
+    ctx->save_for_backward({x});  // the only saved tensor: the output is not needed
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["straight_through"] = straight_through;
+    return below_autograd(clipped_log_op(), x, eps, straight_through);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool straight_through = ctx->saved_data["straight_through"].toBool();
+    return {backward_call(clipped_log_backward_op(), grads[0], x, eps, straight_through), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor clipped_log_autograd(const at::Tensor& x, double eps, bool straight_through) {
+  if (!records_grad({&x})) return below_autograd(clipped_log_op(), x, eps, straight_through);
+  return ClippedLogFunction::apply(x, eps, straight_through);
+}
+
+}  // namespace
+}  // namespace fastops
+
+TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
+  m.impl("gelu", &fastops::gelu_autograd);
+  m.impl("bias_gelu", &fastops::bias_gelu_autograd);
+  m.impl("clipped_log", &fastops::clipped_log_autograd);
+}
