@@ -1,4 +1,4 @@
-// The Autograd kernels of the elementwise ops (gelu, bias_gelu, clipped_log), in C++.
+// The Autograd kernels of gelu, bias_gelu, clipped_log and depthwise_conv2d, in C++.
 //
 // Why: registered from Python (torch.library.register_autograd) every call of these ops entered a
 // Python kernel at the Autograd key, with grad or without: with a 0-element tensor on the CPU,
@@ -10,14 +10,19 @@
 //
 // Double backward: with create_graph the backward op is called through autograd instead, where its
 // own registration (Python, fastops/ops/*.py: gelu'' and the clamp's second derivative) records the
-// graph. Each op's fake kernel and autocast rule stay in Python.
+// graph (depthwise's backward ops have none, as before). Each op's fake kernel stays in Python, and
+// its autocast rule where it was (Python, or csrc/autocast.cpp for depthwise).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fastops/checks.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 namespace fastops {
 namespace {
@@ -37,6 +42,13 @@ using BiasGeluBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&
                                                                c10::string_view);
 using ClippedLogSig = at::Tensor(const at::Tensor&, double, bool);
 using ClippedLogBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, bool);
+using DepthwiseSig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+                                at::IntArrayRef, at::IntArrayRef);
+using DepthwiseBackwardInputSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, at::IntArrayRef,
+                                             at::IntArrayRef, at::IntArrayRef, bool);
+using DepthwiseBackwardWeightSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                      at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
+                                                                      at::IntArrayRef);
 
 const auto& gelu_op() {
   static const auto op = find_op<GeluSig>("fastops::gelu");
@@ -60,6 +72,19 @@ const auto& clipped_log_op() {
 }
 const auto& clipped_log_backward_op() {
   static const auto op = find_op<ClippedLogBackwardSig>("fastops::clipped_log_backward");
+  return op;
+}
+
+const auto& depthwise_op() {
+  static const auto op = find_op<DepthwiseSig>("fastops::depthwise_conv2d");
+  return op;
+}
+const auto& depthwise_backward_input_op() {
+  static const auto op = find_op<DepthwiseBackwardInputSig>("fastops::depthwise_conv2d_backward_input");
+  return op;
+}
+const auto& depthwise_backward_weight_op() {
+  static const auto op = find_op<DepthwiseBackwardWeightSig>("fastops::depthwise_conv2d_backward_weight");
   return op;
 }
 
@@ -156,6 +181,53 @@ at::Tensor clipped_log_autograd(const at::Tensor& x, double eps, bool straight_t
   return ClippedLogFunction::apply(x, eps, straight_through);
 }
 
+// ---- depthwise_conv2d ----------------------------------------------------------------------------
+
+class DepthwiseFunction : public torch::autograd::Function<DepthwiseFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, std::vector<int64_t> stride,
+                            std::vector<int64_t> padding, std::vector<int64_t> dilation) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->saved_data["channels_last"] = use_channels_last(x);
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["dilation"] = dilation;
+    return below_autograd(depthwise_op(), x, weight, bias, stride, padding, dilation);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const std::vector<int64_t> stride = ctx->saved_data["stride"].toIntVector();
+    const std::vector<int64_t> padding = ctx->saved_data["padding"].toIntVector();
+    const std::vector<int64_t> dilation = ctx->saved_data["dilation"].toIntVector();
+    at::Tensor grad_x, grad_w, grad_b;
+    if (ctx->needs_input_grad(0)) {
+      grad_x = backward_call(depthwise_backward_input_op(), grads[0], weight, x.sym_sizes(), stride, padding, dilation,
+                             ctx->saved_data["channels_last"].toBool());
+    }
+    if (ctx->needs_input_grad(1) || (has_bias && ctx->needs_input_grad(2))) {
+      std::tie(grad_w, grad_b) =
+          backward_call(depthwise_backward_weight_op(), grads[0], x, at::IntArrayRef{weight.size(2), weight.size(3)},
+                        stride, padding, dilation);
+      if (!has_bias) grad_b = at::Tensor();
+    }
+    return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor depthwise_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  if (!records_grad({&x, &weight, &b})) {
+    return below_autograd(depthwise_op(), x, weight, bias, stride, padding, dilation);
+  }
+  return DepthwiseFunction::apply(x, weight, bias, stride.vec(), padding.vec(), dilation.vec());
+}
+
 }  // namespace
 }  // namespace fastops
 
@@ -163,4 +235,5 @@ TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
   m.impl("gelu", &fastops::gelu_autograd);
   m.impl("bias_gelu", &fastops::bias_gelu_autograd);
   m.impl("clipped_log", &fastops::clipped_log_autograd);
+  m.impl("depthwise_conv2d", &fastops::depthwise_autograd);
 }

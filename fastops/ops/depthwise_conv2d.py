@@ -116,31 +116,7 @@ def _fake_wgrad(grad_out: Tensor, x: Tensor, kernel_size, stride, padding, dilat
     return x.new_empty((c, 1, kernel_size[0], kernel_size[1])), x.new_empty((c,))
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, stride, padding, dilation = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.has_bias = bias is not None
-    ctx.args = (stride, padding, dilation)
-    ctx.channels_last = uses_channels_last(x)
-
-
-def _backward(ctx, grad_out: Tensor):
-    x, weight = ctx.saved_tensors
-    stride, padding, dilation = ctx.args
-    grad_x = grad_w = grad_b = None
-    if ctx.needs_input_grad[0]:
-        grad_x = torch.ops.fastops.depthwise_conv2d_backward_input.default(
-            grad_out, weight, list(x.shape), stride, padding, dilation, ctx.channels_last
-        )
-    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-        grad_w, grad_b = torch.ops.fastops.depthwise_conv2d_backward_weight.default(
-            grad_out, x, list(weight.shape[2:]), stride, padding, dilation
-        )
-        if not ctx.has_bias:
-            grad_b = None
-    return grad_x, grad_w, grad_b, None, None, None
-
-
-torch.library.register_autograd("fastops::depthwise_conv2d", _backward, setup_context=_setup_context)
+# The autograd is C++ (csrc/autograd.cpp: no Python on the way of a call): saves x and the weight,
+# calls depthwise_conv2d_backward_input / _backward_weight for the gradients asked for.
 # Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/autocast.cpp),
 # since torch.library.register_autocast can only name a fixed dtype.
