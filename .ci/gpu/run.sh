@@ -34,12 +34,12 @@ if [[ $stage == all ]]; then
     ((secs >= 30)) || { echo "== $1: skipped, $left s of the $budget s budget left"; return 1; }
     echo "== $1 (up to $secs s, $((SECONDS - start)) s into the budget)"
   }
-  fits focus 140 && FOCUS_TIMEOUT=$secs bash "$0" focus
-  fits test 150 && TEST_TIMEOUT=$secs bash "$0" test
-  fits bench 120 && BENCH_TIMEOUT=$((secs / 6)) bash "$0" bench --quick --no-compile
-  fits sanitize 70 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
-  fits train 60 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
-  fits models 50 && MODELS_TIMEOUT=$secs bash "$0" models
+  fits focus 170 && FOCUS_TIMEOUT=$secs bash "$0" focus
+  fits test 140 && TEST_TIMEOUT=$secs bash "$0" test
+  fits bench 110 && BENCH_TIMEOUT=$((secs / 6)) bash "$0" bench --quick --no-compile
+  fits sanitize 60 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
+  fits train 50 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
+  fits models 40 && MODELS_TIMEOUT=$secs bash "$0" models
   echo "all: $((SECONDS - start)) s"
   exit 0
 fi
@@ -70,7 +70,7 @@ PYTEST=(-p no:cacheprovider -v --tb=short -rfEs)
 
 case $stage in
 focus)
-  # The tests named in .ci/gpu/focus.txt, one per line as "<tool> <pytest node id>", tool = plain,
+  # The tests named in .ci/gpu/focus.txt, one run per line "<tool> <pytest node id>...", tool = plain,
   # memcheck or racecheck (# comments): what the last GPU run saw fail, run first and alone, with
   # long tracebacks; a crash under plain also gets a native backtrace when gdb is on the image.
   left=$(after_build ${FOCUS_TIMEOUT:-300})
@@ -78,25 +78,26 @@ focus)
   per=$((left / (${#lines[@]} > 0 ? ${#lines[@]} : 1)))
   k=0
   for line in "${lines[@]}"; do
-    read -r tool node <<<"$line"
+    read -ra words <<<"$line"
+    tool=${words[0]} nodes=("${words[@]:1}")
     k=$((k + 1)) log="$work/focus$k.$tool.log"
-    echo "== $tool $node" >"$log"
+    echo "== $tool ${nodes[*]}" >"$log"
     case $tool in
     plain)
-      cap $per $PY -X faulthandler -m pytest "$node" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
+      cap $per $PY -X faulthandler -m pytest "${nodes[@]}" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
       rc=$?
       if ((rc > 128 || rc == 139)) && command -v gdb >/dev/null; then
-        cap $per gdb -q -batch -ex run -ex bt --args $PY -m pytest "$node" -p no:cacheprovider -q >>"$log" 2>&1
+        cap $per gdb -q -batch -ex run -ex bt --args $PY -m pytest "${nodes[@]}" -p no:cacheprovider -q >>"$log" 2>&1
       fi ;;
     memcheck|racecheck)
       extra=(--kernel-name kns=fastops)
       [[ $tool == memcheck ]] && extra+=(--leak-check no)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 cap $per "$CUDA_HOME/bin/compute-sanitizer" --tool $tool "${extra[@]}" \
-        --print-limit 20 $PY -X faulthandler -m pytest "$node" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
+        --print-limit 20 $PY -X faulthandler -m pytest "${nodes[@]}" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
       rc=$? ;;
     *) echo "focus.txt: unknown tool '$tool'" >>"$log"; rc=2 ;;
     esac
-    echo "focus $k ($tool): rc=$rc $node"; grep -E "(PASSED|FAILED|ERROR|SUMMARY|Fatal|Error)" "$log" | head -n 8
+    echo "focus $k ($tool): rc=$rc ${nodes[*]}"; grep -E "(PASSED|FAILED|ERROR|SUMMARY|Fatal|Error)" "$log" | head -n 8
   done
   ;;
 test)
@@ -115,7 +116,9 @@ sanitize)
     # The tests focus.txt lists for this tool ran in the focus stage: leave them out here, so a known
     # crash does not end the tool's run over everything else.
     known=()
-    while read -r t node; do [[ $t == "$tool" ]] && known+=(--deselect "$node"); done < <(grep -vE '^\s*(#|$)' .ci/gpu/focus.txt 2>/dev/null)
+    while read -ra words; do
+      [[ ${words[0]} == "$tool" ]] && for node in "${words[@]:1}"; do known+=(--deselect "$node"); done
+    done < <(grep -vE '^\s*(#|$)' .ci/gpu/focus.txt 2>/dev/null)
     sel=$base extra=(--kernel-name kns=${SAN_KERNELS:-fastops})
     [[ $tool == memcheck ]] && extra+=(--leak-check no)
     [[ $tool != memcheck ]] && sel="$base and (backward_weight or bias_gelu or squeeze or adam or amsgrad)"
