@@ -228,35 +228,41 @@ class FusedAdam(Optimizer):
     ) -> bool:
         """Collects the params with a grad and their state, creating the state on first use
         (torch.optim.Adam's _init_group contract, which torch.compile runs eagerly)."""
+        # Locals and bound methods: this loop runs once per param per step.
+        amsgrad = group["amsgrad"]
+        state_of = self.state
+        add_param, add_grad, add_steps = params.append, grads.append, state_steps.append
+        add_avg, add_avg_sq, add_max = exp_avgs.append, exp_avg_sqs.append, max_exp_avg_sqs.append
         for p in group["params"]:
-            if p.grad is None:
+            grad = p.grad
+            if grad is None:
                 continue
-            if p.grad.is_sparse:
+            if grad.is_sparse:
                 raise RuntimeError(
                     f"fastops.optim.{type(self).__name__} does not support sparse gradients, "
                     "please consider torch.optim.SparseAdam instead"
                 )
-            if torch.is_complex(p):
+            if p.is_complex():
                 raise RuntimeError(
                     f"fastops.optim.{type(self).__name__} does not support complex params; "
                     "optimize torch.view_as_real(p) or use torch.optim.Adam"
                 )
-            state = self.state[p]
-            if len(state) == 0:
+            state = state_of[p]
+            if not state:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if group["amsgrad"]:
+                if amsgrad:
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            elif group["amsgrad"] and "max_exp_avg_sq" not in state:
+            elif amsgrad and "max_exp_avg_sq" not in state:
                 state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(p)
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
-            if group["amsgrad"]:
-                max_exp_avg_sqs.append(state["max_exp_avg_sq"])
-            state_steps.append(state["step"])
+            add_param(p)
+            add_grad(grad)
+            add_avg(state["exp_avg"])
+            add_avg_sq(state["exp_avg_sq"])
+            if amsgrad:
+                add_max(state["max_exp_avg_sq"])
+            add_steps(state["step"])
         return False
 
     @torch.no_grad()
