@@ -116,7 +116,7 @@ __device__ __forceinline__ float exp2_approx_subnormal(float v) {
 // NaN fails the test) the full path runs; T(7) = 1.3e-12, so every result of the bulk is normal.
 // The design (fit, approximations, roundings) is checked on the CPU over every fp16 and bf16 input
 // and a dense fp32 grid (bias_gelu rounds x + bias only at the end): tests/ops/test_gelu.py,
-// test_cuda_reduced_forward_design.
+// test_reduced_half_forward_design_on_the_host.
 __device__ __forceinline__ float erf_forward_reduced(float x) {
   const float u = fabsf(x);
   if (u <= gm::kBulkLimit) {

@@ -452,7 +452,7 @@ HOST_WGRAD_CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", HOST_WGRAD_CASES, ids=lambda c: "x".join(map(str, c[:5])))
-def test_cuda_nhwc_weight_gradient_on_the_host(case: tuple, dtype: torch.dtype) -> None:
+def test_nhwc_weight_gradient_kernel_on_the_host(case: tuple, dtype: torch.dtype) -> None:
     n, c, h, w, k, stride, pad, dil, rows_per_slot = case
     pt, pb, pl, pr = pad
     oh = (h + pt + pb - dil[0] * (k - 1) - 1) // stride[0] + 1
@@ -489,7 +489,7 @@ HOST_ROWS_CASES = [
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", HOST_ROWS_CASES, ids=lambda c: "x".join(map(str, c[:6])))
-def test_cuda_nhwc_row_blocks_on_the_host(case: tuple, dtype: torch.dtype) -> None:
+def test_nhwc_row_block_kernel_on_the_host(case: tuple, dtype: torch.dtype) -> None:
     n, c, h, w, k, s, pad = case
     pt, pb, pl, pr = pad
     gen = torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))

@@ -370,7 +370,7 @@ def _reduced_tanh(x: torch.Tensor, rcp_err: float, exp_err: float) -> torch.Tens
 
 
 @pytest.mark.parametrize("approximate", APPROXIMATE)
-def test_cuda_reduced_forward_design(approximate: str) -> None:
+def test_reduced_half_forward_design_on_the_host(approximate: str) -> None:
     # MUFU.RCP is within 1 ulp (2^-23) and MUFU.EX2 within 2^-22.5 relative: pushed to 2^-21 both ways.
     worst = [(r, e) for r in (-(2.0**-21), 2.0**-21) for e in (-(2.0**-21), 2.0**-21)]
     evaluate = _reduced_erf if approximate == "none" else _reduced_tanh

@@ -1,7 +1,7 @@
 // The CUDA depthwise forward (stride 1 or 2) and stride-1 input gradient for NHWC tensors whose
 // channels split into 16-byte vectors, square 3x3/5x5/7x7 kernels, dilation 1: host+device functions
 // that the kernels in csrc/cuda/depthwise_conv2d.cu call, and that tests/ops/test_depthwise_conv2d.py
-// runs over the same tasks on the CPU (test_cuda_nhwc_row_blocks_on_the_host).
+// runs over the same tasks on the CPU (test_nhwc_row_block_kernel_on_the_host).
 //
 //   out[n, oh, ow, c] = bias[c] + sum_{kh, kw} wt[kh * K + kw][c] * in[n, oh*S - pt + kh, ow*S - pl + kw, c]
 //

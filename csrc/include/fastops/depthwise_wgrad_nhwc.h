@@ -1,7 +1,7 @@
 // The CUDA depthwise weight gradient for NHWC tensors whose channels split into 16-byte vectors, written
 // as host+device functions: the kernels in csrc/cuda/depthwise_conv2d.cu call them with their block and
 // thread indices, and tests/ops/test_depthwise_conv2d.py runs the same functions over the same grid on
-// the CPU (test_cuda_nhwc_weight_gradient_on_the_host), so the index arithmetic, the edges and the
+// the CPU (test_nhwc_weight_gradient_kernel_on_the_host), so the index arithmetic, the edges and the
 // summation order are tested without a GPU.
 //
 //   dw[c, kh, kw] = sum over (n, oh, ow) of g[n, oh, ow, c] * x[n, oh*sh - pt + kh*dh, ow*sw - pl + kw*dw, c]
