@@ -36,7 +36,7 @@ if [[ $stage == all ]]; then
   }
   fits focus 170 && FOCUS_TIMEOUT=$secs bash "$0" focus
   fits test 140 && TEST_TIMEOUT=$secs bash "$0" test
-  fits bench 110 && BENCH_TIMEOUT=$((secs / 6)) bash "$0" bench --quick --no-compile
+  fits bench 110 && BENCH_TIMEOUT=$((secs / 7)) bash "$0" bench --quick --no-compile
   fits sanitize 60 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
   fits train 50 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
   fits models 40 && MODELS_TIMEOUT=$secs bash "$0" models
@@ -130,8 +130,9 @@ sanitize)
   ;;
 bench)
   # depthwise_separable_conv2d has no CUDA kernel (CPU only): its benchmark refuses --device cuda.
-  # fused_adam twice: fp32 and bf16 params (the targets name both).
-  for bench in ${FASTOPS_BENCHES:-clipped_log gelu fused_adam fused_adam:bf16 depthwise_conv2d squeeze_excite}; do
+  # fused_adam twice: fp32 and bf16 params (the targets name both). host_overhead first: a
+  # few seconds, and what every small call costs on this host.
+  for bench in ${FASTOPS_BENCHES:-host_overhead clipped_log gelu fused_adam fused_adam:bf16 depthwise_conv2d squeeze_excite}; do
     name=${bench%%:*} variant=() log=bench_${bench/:/_}
     [[ $bench == fused_adam:bf16 ]] && variant=(--dtype bfloat16 --tag bf16)
     cap ${BENCH_TIMEOUT:-130} $PY -m "benchmarks.bench_$name" --device cuda --out "$work" --min-time 0.3 "${variant[@]}" "$@" >"$work/$log.log" 2>&1
