@@ -311,9 +311,10 @@ inline dwr::Args rows_args(const DepthwiseGeometry& dg, bool input_grad, const v
   return a;
 }
 
-// Whether the row-block kernel takes this shape.
-inline bool rows_nhwc_fit(const DepthwiseGeometry& dg, int64_t in_w, int stride) {
-  return square_kernel_size(dg) > 0 && dg.dh == 1 && dg.dw == 1 && dg.sh == dg.sw && dg.sh == stride &&
+// Whether the row-block kernel takes this shape: equal strides up to max_stride (the forward 2, the
+// input gradient 1), rows of in_w * C < 2^31 elements.
+inline bool rows_nhwc_fit(const DepthwiseGeometry& dg, int64_t in_w, int64_t max_stride) {
+  return square_kernel_size(dg) > 0 && dg.dh == 1 && dg.dw == 1 && dg.sh == dg.sw && dg.sh <= max_stride &&
          in_w * dg.C < (int64_t{1} << 31);
 }
 
@@ -461,7 +462,7 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
     if (cl && vectorizable<scalar_t>(dg.C, {xp, yp})) {
       constexpr int V = kVectorWidth<scalar_t>;
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
-      if (rows_nhwc_fit(dg, dg.W, static_cast<int>(dg.sh)) && (dg.sh == 1 || dg.sh == 2)) {
+      if (rows_nhwc_fit(dg, dg.W, 2)) {
         const dwr::Args a = rows_args(dg, false, xp, wt.const_data_ptr<float>(), bp, yp);
         launch_rows_nhwc<scalar_t>(a, k, static_cast<int>(dg.sh), stream);
         return;

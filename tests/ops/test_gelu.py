@@ -335,6 +335,11 @@ def _f32(v: torch.Tensor) -> torch.Tensor:
     return v.float().double()
 
 
+def _f32_const(c: float) -> float:
+    """A constant as the device code holds it: rounded to fp32 once."""
+    return torch.tensor(c, dtype=torch.float32).item()
+
+
 def _every_value(dtype: torch.dtype) -> torch.Tensor:
     bits = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
     x = bits.view(dtype).double()
@@ -355,15 +360,15 @@ def _reduced_erf(x: torch.Tensor, rcp_err: float, exp_err: float) -> torch.Tenso
     num = _f32(_f32(n2 * u + n1) * u + n0)
     den = _f32(_f32(_f32(u + d2) * u + d1) * u + d0)
     uq = _f32(u * _f32(num * _f32(_f32(1.0 / den) * (1 + rcp_err))))
-    arg = _f32(_f32(u * u) * _f32(torch.tensor(-0.5 * math.log2(math.e))).item())
+    arg = _f32(_f32(u * u) * _f32_const(-0.5 * math.log2(math.e)))
     e = _f32(torch.exp2(arg) * (1 + exp_err))
     return _f32(-uq * e + torch.where(x >= 0, x, 0.0))
 
 
 def _reduced_tanh(x: torch.Tensor, rcp_err: float, exp_err: float) -> torch.Tensor:
     k, kc = 0.7978845608028654, 0.7978845608028654 * 0.044715
-    y = _f32(x * _f32(_f32(torch.tensor(kc).float().item() * x) * x + torch.tensor(k).float().item()))
-    arg = _f32(y.abs() * _f32(torch.tensor(-2.0 * math.log2(math.e))).item())
+    y = _f32(x * _f32(_f32(_f32_const(kc) * x) * x + _f32_const(k)))
+    arg = _f32(y.abs() * _f32_const(-2.0 * math.log2(math.e)))
     e = _f32(torch.exp2(arg) * (1 + exp_err))
     xr = _f32(x * _f32(_f32(1.0 / _f32(1.0 + e)) * (1 + rcp_err)))
     return torch.where(y >= 0, xr, _f32(xr * e))
