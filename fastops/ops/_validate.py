@@ -117,13 +117,14 @@ def conv_out_hw(
     span_h = dilation[0] * (kernel_size[0] - 1) + 1
     span_w = dilation[1] * (kernel_size[1] - 1) + 1
     hp, wp = h + padding[0] + padding[1], w + padding[2] + padding[3]
-    torch._check(
-        hp >= span_h and wp >= span_w,
-        lambda: (
+    # A plain raise, not torch._check: this runs inside torch.compile's trace of the public
+    # function, and torch 2.11's dynamo cannot read a torch._check message that names local
+    # variables (a graph break, an error under fullgraph; seen on the H200 run of 2026-11-27).
+    if not (hp >= span_h and wp >= span_w):
+        raise RuntimeError(
             f"fastops.{op}: the padded input ({hp} x {wp}) is smaller than the dilated kernel "
             f"({span_h} x {span_w})"
-        ),
-    )
+        )
     return (hp - span_h) // stride[0] + 1, (wp - span_w) // stride[1] + 1
 
 
