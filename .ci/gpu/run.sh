@@ -34,9 +34,9 @@ if [[ $stage == all ]]; then
     ((secs >= 30)) || { echo "== $1: skipped, $left s of the $budget s budget left"; return 1; }
     echo "== $1 (up to $secs s, $((SECONDS - start)) s into the budget)"
   }
-  fits focus 170 && FOCUS_TIMEOUT=$secs bash "$0" focus
-  fits test 140 && TEST_TIMEOUT=$secs bash "$0" test
-  fits bench 110 && BENCH_TIMEOUT=$((secs / 7)) bash "$0" bench --quick --no-compile
+  fits focus 200 && FOCUS_TIMEOUT=$secs bash "$0" focus
+  fits test 130 && TEST_TIMEOUT=$secs bash "$0" test
+  fits bench 100 && BENCH_TIMEOUT=$((secs / 7)) bash "$0" bench --quick --no-compile
   fits sanitize 60 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
   fits train 50 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
   fits models 40 && MODELS_TIMEOUT=$secs bash "$0" models
@@ -74,6 +74,26 @@ focus)
   # memcheck or racecheck (# comments): what the last GPU run saw fail, run first and alone, with
   # long tracebacks; a crash under plain also gets a native backtrace when gdb is on the image.
   left=$(after_build ${FOCUS_TIMEOUT:-300})
+  preload=$work/crash_backtrace.so
+  gcc -shared -fPIC -O1 -o "$preload" .ci/gpu/crash_backtrace.c 2>>"$work/build.log" || preload=
+  symbolize() {  # the frames crash_backtrace.so printed as object(+0xoffset), named by addr2line
+    $PY - "$1" <<'PYEOF'
+import re, subprocess, sys
+lines = open(sys.argv[1], errors="replace").read().split("== native backtrace (crash_backtrace.so) ==")[-1]
+print("== the native backtrace, symbolized")
+for line in lines.splitlines():
+    m = re.match(r"(/\S+?)\(([^)+]*)\+(0x[0-9a-f]+)\)", line.strip())
+    if not m:
+        continue
+    obj, sym, off = m.groups()
+    if sym:
+        name = subprocess.run(["c++filt", sym], capture_output=True, text=True).stdout.strip()
+    else:
+        out = subprocess.run(["addr2line", "-Cf", "-e", obj, off], capture_output=True, text=True).stdout
+        name = out.splitlines()[0] if out else "?"
+    print(f"  {obj.rsplit('/', 1)[-1]} +{off}: {name[:300]}")
+PYEOF
+  }
   mapfile -t lines < <(grep -vE '^\s*(#|$)' .ci/gpu/focus.txt 2>/dev/null)
   per=$((left / (${#lines[@]} > 0 ? ${#lines[@]} : 1)))
   k=0
@@ -84,10 +104,13 @@ focus)
     echo "== $tool ${nodes[*]}" >"$log"
     case $tool in
     plain)
-      cap $per $PY -X faulthandler -m pytest "${nodes[@]}" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
+      # A crash prints its native stack too: gdb where the image has it, else crash_backtrace.so.
+      LD_PRELOAD=$preload cap $per $PY -X faulthandler -m pytest "${nodes[@]}" "${PYTEST[@]}" --tb=long >>"$log" 2>&1
       rc=$?
-      if ((rc > 128 || rc == 139)) && command -v gdb >/dev/null; then
+      if ((rc > 128)) && command -v gdb >/dev/null; then
         cap $per gdb -q -batch -ex run -ex bt --args $PY -m pytest "${nodes[@]}" -p no:cacheprovider -q >>"$log" 2>&1
+      elif ((rc > 128)) && [[ -n $preload ]]; then
+        symbolize "$log" >>"$log"
       fi ;;
     memcheck|racecheck)
       extra=(--kernel-name kns=fastops)
@@ -101,8 +124,15 @@ focus)
   done
   ;;
 test)
-  FASTOPS_TEST_LARGE=1 cap $(after_build ${TEST_TIMEOUT:-480}) $PY -m pytest tests -k cuda "${PYTEST[@]}" "$@" \
-    --junitxml="$work/junit.xml" >"$work/tests.log" 2>&1
+  # tests/ops last: the runs of 2026-11-27 got through it (to squeeze_excite's opcheck) and no further
+  # in their 140 s. The tests of focus.txt ran in the focus stage: left out here, so a known crash
+  # does not end the run.
+  known=()
+  while read -ra words; do
+    for node in "${words[@]:1}"; do [[ $node == -* ]] || known+=(--deselect "$node"); done
+  done < <(grep -vE '^\s*(#|$)' .ci/gpu/focus.txt 2>/dev/null)
+  FASTOPS_TEST_LARGE=1 cap $(after_build ${TEST_TIMEOUT:-480}) $PY -m pytest ${TEST_PATHS:-tests/optim tests/nn tests/train tests/test_*.py tests/ops} \
+    -k cuda "${known[@]}" "${PYTEST[@]}" "$@" --junitxml="$work/junit.xml" >"$work/tests.log" 2>&1
   echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$work/tests.log" | tail -n 40
   ;;
 sanitize)
@@ -117,7 +147,7 @@ sanitize)
     # crash does not end the tool's run over everything else.
     known=()
     while read -ra words; do
-      [[ ${words[0]} == "$tool" ]] && for node in "${words[@]:1}"; do known+=(--deselect "$node"); done
+      [[ ${words[0]} == "$tool" ]] && for node in "${words[@]:1}"; do [[ $node == -* ]] || known+=(--deselect "$node"); done
     done < <(grep -vE '^\s*(#|$)' .ci/gpu/focus.txt 2>/dev/null)
     sel=$base extra=(--kernel-name kns=${SAN_KERNELS:-fastops})
     [[ $tool == memcheck ]] && extra+=(--leak-check no)

@@ -540,27 +540,65 @@ def test_optimizer_with_a_param_listed_twice_matches_torch_fused(device: str, ki
         assert torch.equal(t, t2), "two identical runs differ"
 
 
-@devices
-def test_params_sharing_memory_or_steps_are_rejected(device: str) -> None:
-    """Different params that share memory (or a step) would be written by two threads at once: the op
-    refuses them, and a param listed twice must come with the same tensors both times."""
-    lists, hyper = _functional_args(device, shapes=[(6,), (5,)])
-    buf = torch.zeros(10, device=device)
-    bad = _clone_lists(lists)
-    bad[0] = [buf[:6], buf[4:9]]
-    with pytest.raises(RuntimeError, match=r"params\[0\] and params\[1\] share memory"):
-        fused_adam(*bad, **hyper)
-    bad = _clone_lists(lists)
-    bad[5][1] = bad[5][0]
-    with pytest.raises(RuntimeError, match=r"steps\[0\] and steps\[1\] share memory"):
-        fused_adam(*bad, **hyper)
-    bad = _clone_lists(lists)
-    for lst in bad[:4] + bad[5:]:
+def _share_params(lists: Lists) -> None:
+    buf = torch.zeros(11, device=lists[0][0].device)
+    lists[0][:2] = [buf[:6], buf[4:9]]
+
+
+def _share_steps(lists: Lists) -> None:
+    lists[5][1] = lists[5][0]
+
+
+def _repeat_with_other_tensors(lists: Lists) -> None:
+    for lst in lists[:4] + lists[5:]:
         lst[1] = lst[0]
-    bad[2][1] = bad[2][0].clone()
-    with pytest.raises(RuntimeError, match=r"params\[1\] is params\[0\] again but comes with other tensors"):
-        fused_adam(*bad, **hyper)
-    assert all(float(s) == 3.0 for s in lists[5]), "a rejected call changed a step"
+    lists[2][1] = lists[2][0].clone()
+
+
+def _drop_last(k: int) -> Callable[[Lists], None]:
+    return lambda lists: lists[k].pop()
+
+
+def _set(k: int, i: int, make: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[Lists], None]:
+    def edit(lists: Lists) -> None:
+        lists[k][i] = make(lists[k][i])
+
+    return edit
+
+
+# case: (edit of the six lists, hyper-parameter overrides, the error's words). Different params that
+# share memory (or a step) would be written by two threads at once; a param listed twice must come
+# with the same tensors both times.
+REJECTIONS = {
+    "list_size": (_drop_last(2), {}, r"expected exp_avgs to hold one tensor per param"),
+    "grad_dtype": (_set(1, 0, lambda t: t.double()), {}, r"expected grads to have the dtype of params"),
+    "state_shape": (_set(3, 1, lambda t: t[:-1]), {}, r"expected exp_avg_sqs to have the shape of params"),
+    "step_dtype": (_set(5, 1, lambda t: t.double()), {}, r"1-element float32 tensor"),
+    "negative_lr": (lambda lists: None, {"lr": -1e-3}, r"expected lr >= 0"),
+    "params_share_memory": (_share_params, {}, r"params\[0\] and params\[1\] share memory"),
+    "steps_share_memory": (_share_steps, {}, r"steps\[0\] and steps\[1\] share memory"),
+    "param_repeated_with_other_tensors": (
+        _repeat_with_other_tensors,
+        {},
+        r"params\[1\] is params\[0\] again but comes with other tensors",
+    ),
+}
+
+
+@devices
+@pytest.mark.parametrize("case", REJECTIONS)
+def test_raw_op_rejects_bad_lists_and_changes_nothing(device: str, case: str) -> None:
+    """Each check of the op's lists, on each device, one case a test (a crash names its case): a
+    RuntimeError naming the op and what was expected, and not one tensor of the call changed."""
+    edit, overrides, words = REJECTIONS[case]
+    lists, hyper = _functional_args(device, shapes=[(6,), (5,), (3, 4)])
+    edit(lists)
+    before = [[t.clone() for t in lst] for lst in lists]
+    with pytest.raises(RuntimeError, match=r"fastops\.fused_adam_: .*" + words):
+        fused_adam(*lists, **{**hyper, **overrides})
+    for lst, saved in zip(lists, before, strict=True):
+        for t, t0 in zip(lst, saved, strict=True):
+            assert torch.equal(t, t0), f"{case}: a rejected call changed a tensor"
 
 
 @devices
@@ -1020,22 +1058,6 @@ def test_sparse_grads_and_complex_params_are_rejected() -> None:
     lists[0] = [p.to(torch.complex64) for p in lists[0]]
     with pytest.raises(RuntimeError, match="complex params are not supported"):
         torch.ops.fastops.fused_adam_(*lists, None, *hyper.values())
-
-
-def test_raw_op_checks_lists() -> None:
-    lists, hyper = _functional_args("cpu")
-    bad = _clone_lists(lists)
-    bad[2] = bad[2][:-1]
-    with pytest.raises(RuntimeError, match="expected exp_avgs to hold one tensor per param"):
-        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
-    bad = _clone_lists(lists)
-    bad[1][0] = bad[1][0].double()
-    with pytest.raises(RuntimeError, match="expected grads to have the dtype of params"):
-        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
-    bad = _clone_lists(lists)
-    bad[5][1] = bad[5][1].double()
-    with pytest.raises(RuntimeError, match="1-element float32 tensor"):
-        torch.ops.fastops.fused_adam_(*bad, None, *hyper.values())
 
 
 def test_opcheck() -> None:
