@@ -59,11 +59,11 @@ def report() -> str:
         backend = cuda_backend()
         lines.append(
             f"  nn.DepthwiseConv2d on CUDA: {backend}"
-            + (
-                " (fallback to F.conv2d; FASTOPS_CUDA_DEPTHWISE=fastops runs fastops' kernel)"
-                if backend == "cudnn"
-                else ""
-            )
+            + {
+                "auto": " (fastops' kernel where measured faster, else a fallback to F.conv2d: see the "
+                "slower regions below; FASTOPS_CUDA_DEPTHWISE=fastops runs ours on every input)",
+                "cudnn": " (fallback to F.conv2d; FASTOPS_CUDA_DEPTHWISE=fastops runs fastops' kernel)",
+            }.get(backend, "")
         )
     else:
         lines.append("  CUDA kernels: not compiled in")

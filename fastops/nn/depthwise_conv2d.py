@@ -55,17 +55,17 @@ def tf_same_padding(
 _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 
 
-CUDA_BACKENDS = ("cudnn", "fastops")
-# The module's CUDA default: our CUDA weight gradient is still far slower than cuDNN's, so swapped
-# models trained slower than stock (benchmarks/results/depthwise_conv2d_cuda.md, train_cuda.md).
-# Until our kernel wins, CUDA input runs cuDNN, named as the fallback it is;
-# FASTOPS_CUDA_DEPTHWISE=fastops runs ours.
-DEFAULT_CUDA_BACKEND = "cudnn"
+CUDA_BACKENDS = ("auto", "cudnn", "fastops")
+# The module's CUDA default, "auto": cuDNN (F.conv2d, named as the fallback it is) except where a GPU
+# run measured our kernels faster, forward and backward together: the CUDA region registered below.
+# "fastops" runs ours on every CUDA input, "cudnn" cuDNN on every one.
+DEFAULT_CUDA_BACKEND = "auto"
 
 
 def cuda_backend() -> str:
     """Which kernel ``DepthwiseConv2d`` modules run on CUDA input: FASTOPS_CUDA_DEPTHWISE, else the
-    default. ``"fastops"``: fastops' CUDA kernels; ``"cudnn"``: ``F.conv2d`` (a fallback to PyTorch)."""
+    default. ``"auto"``: ours where the benchmarks show it faster, else ``F.conv2d``; ``"fastops"``:
+    fastops' CUDA kernels; ``"cudnn"``: ``F.conv2d`` (a fallback to PyTorch)."""
     chosen = os.environ.get("FASTOPS_CUDA_DEPTHWISE", "").strip().lower() or DEFAULT_CUDA_BACKEND
     if chosen not in CUDA_BACKENDS:
         raise ValueError(
@@ -80,11 +80,13 @@ class DepthwiseConv2d(nn.Module):
     initialized as nn.Conv2d's, so state dicts load both ways; see :func:`fastops.depthwise_conv2d`.
 
     CUDA input runs the kernel named by ``cuda_backend`` (``None``: :func:`cuda_backend`, which is
-    ``"cudnn"``, a fallback to ``F.conv2d``, unless FASTOPS_CUDA_DEPTHWISE=fastops): fastops' CUDA
-    weight gradient is still slower than cuDNN's. Set ``module.cuda_backend = "fastops"`` to run ours.
-    On the CPU, ``backend`` (``"auto"``, ``"fastops"`` or ``"torch"``) picks the kernel as
-    :mod:`fastops.policy` says: under ``"auto"``, ``F.conv2d`` runs for the inputs where the
-    benchmarks show it faster than ours.
+    ``"auto"`` unless FASTOPS_CUDA_DEPTHWISE says otherwise): under ``"auto"``, ours for float32
+    channels_last input with a kernel of 7x7 or more at stride 1 (ConvNeXt's, where the H200 measured
+    it 3.5x cuDNN forward and backward), cuDNN through ``F.conv2d`` (a fallback) for every other CUDA
+    input, where cuDNN is still faster. ``"fastops"`` runs ours on every CUDA input, ``"cudnn"``
+    cuDNN. Under ``"auto"``, on either device, ``backend`` (``"auto"``, ``"fastops"`` or
+    ``"torch"``) picks the kernel as :mod:`fastops.policy` says: ``F.conv2d`` runs for the inputs
+    where the benchmarks show it faster than ours.
     """
 
     cuda_backend: str | None = None
@@ -129,10 +131,6 @@ class DepthwiseConv2d(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: Tensor) -> Tensor:
-        if isinstance(x, Tensor) and x.is_cuda and self.resolved_cuda_backend() == "cudnn":
-            return F.conv2d(
-                x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
-            )
         if self._runs_torch(x):
             return F.conv2d(
                 x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
@@ -140,7 +138,12 @@ class DepthwiseConv2d(nn.Module):
         return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
 
     def _runs_torch(self, x: Tensor) -> bool:
-        """Whether :mod:`fastops.policy` sends this input to ``F.conv2d`` (a measured slower region)."""
+        """Whether this input goes to ``F.conv2d``: on CUDA as ``cuda_backend`` says, and where that
+        is ``"auto"`` (and on the CPU) as :mod:`fastops.policy` says (a measured slower region)."""
+        if isinstance(x, Tensor) and x.is_cuda:
+            chosen = self.resolved_cuda_backend()
+            if chosen != "auto":
+                return chosen == "cudnn"
         return policy.runs_torch(self, _OP, x, kernel_size=self.kernel_size, stride=self.stride)
 
     def resolved_cuda_backend(self) -> str:
@@ -212,7 +215,7 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
         if not (isinstance(x, Tensor) and x.dim() == 4):  # depthwise_conv2d names what was expected
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation)
         top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
-        if (x.is_cuda and self.resolved_cuda_backend() == "cudnn") or self._runs_torch(x):
+        if self._runs_torch(x):
             padded = F.pad(x, (left, right, top, bottom))
             return F.conv2d(padded, self.weight, self.bias, self.stride, 0, self.dilation, self.channels)
         return depthwise_conv2d(
@@ -331,6 +334,12 @@ def _kernel(case: policy.Case) -> int:
     return max(kernel)
 
 
+def _kernel_hw(case: policy.Case) -> tuple[int, int]:
+    kernel = case.params["kernel_size"]
+    assert isinstance(kernel, tuple)
+    return kernel
+
+
 def _channels(case: policy.Case) -> int:
     return case.shape[1]
 
@@ -395,3 +404,22 @@ for _region in [
 ]:
     _slower(*_region)
 # fmt: on
+
+# CUDA, under cuda_backend "auto": cuDNN wherever our kernels are not measured faster forward and
+# backward together. The H200 run of 2026-11-27 (b256): NCHW 0.34-0.48x; channels_last 3x3 fp32
+# 0.76-0.86x and bf16 0.77-0.80x (wgrad 0.50-0.92x, stride-2 dgrad 0.72x), but 7x7 fp32 3.53x, where
+# cuDNN's NHWC weight gradient takes 4.6 ms against our 0.89 ms. cuDNN's bf16 7x7 weight gradient
+# is fast (0.37 ms on the H100, 2026-11-24), so bf16 and fp16 stay on cuDNN until measured.
+_H200_DW = "benchmarks/results/gpu_h200_2026-11-27b.md"
+policy.register_slower_region(
+    policy.SlowerRegion(
+        _OP,
+        "cuda",
+        "every input but float32 channels_last with kernels of 7x7 or more at stride 1",
+        f"{_H200_DW}: fwd+bwd NCHW 0.34-0.48x cuDNN, channels_last 3x3 0.76-0.86x (fp32) and "
+        "0.77-0.80x (bf16); channels_last 7x7 fp32 3.53x (cnxa.c40.56), so that one runs ours",
+        lambda c: (
+            not (c.channels_last and c.dtype == torch.float32 and min(_kernel_hw(c)) >= 7 and not _strided(c))
+        ),
+    )
+)
