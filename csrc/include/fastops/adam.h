@@ -109,7 +109,8 @@ inline Work prepare(at::TensorList params, at::TensorList grads, at::TensorList 
       const bool same_state = grads[i].is_same(grads[f]) && exp_avgs[i].is_same(exp_avgs[f]) &&
                               exp_avg_sqs[i].is_same(exp_avg_sqs[f]) && steps[i].is_same(steps[f]) &&
                               (!amsgrad || max_exp_avg_sqs[i].is_same(max_exp_avg_sqs[f]));
-      TORCH_CHECK(same_state, "fastops.fused_adam_: params[", i, "] is params[", f,
+      TORCH_CHECK(same_state, "fastops.fused_adam_: params[", str(static_cast<int64_t>(i)), "] is params[",
+                  str(static_cast<int64_t>(f)),
                   "] again but comes with other tensors; a param listed twice must come with the same grad, "
                   "exp_avg, exp_avg_sq, max_exp_avg_sq and step");
       w.params.push_back(w.params[f]);

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <fastops/checks.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -95,8 +96,9 @@ inline void check_disjoint(const char* op, const char* arg, const std::vector<at
   for (size_t k = 1, reach = 0; k < spans.size(); ++k) {
     const Span& s = spans[k];
     const size_t other = spans[reach].index;
-    TORCH_CHECK(s.begin >= spans[reach].end, "fastops.", op, ": ", arg, "[", std::min(other, s.index), "] and ", arg,
-                "[", std::max(other, s.index),
+    TORCH_CHECK(s.begin >= spans[reach].end, "fastops.", op, ": ", arg, "[",
+                str(static_cast<int64_t>(std::min(other, s.index))), "] and ", arg, "[",
+                str(static_cast<int64_t>(std::max(other, s.index))),
                 "] share memory; each must be a tensor of its own (the same tensor listed twice is updated once "
                 "per occurrence)");
     if (s.end > spans[reach].end) reach = k;

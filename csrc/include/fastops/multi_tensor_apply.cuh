@@ -29,6 +29,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
+#include <fastops/checks.h>
 #include <fastops/cuda_loops.cuh>
 
 #include <array>
@@ -191,7 +192,7 @@ void multi_tensor_apply(const std::array<const std::vector<at::Tensor>*, Functor
     const int64_t chunks = (numel + kChunk - 1) / kChunk;
     // Blocks of one launch stay below 2^31 (the grid limit and the int32 prefix sums).
     if (table.size == Table::kCapacity || blocks + chunks > INT32_MAX) launch();
-    TORCH_CHECK(chunks <= INT32_MAX, "fastops multi_tensor_apply: a tensor of ", numel, " elements is too large");
+    TORCH_CHECK(chunks <= INT32_MAX, "fastops multi_tensor_apply: a tensor of ", str(numel), " elements is too large");
     const int s = table.size;
     bool aligned = true;
     for (int l = 0; l < kLists; ++l) {
