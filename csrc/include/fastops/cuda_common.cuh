@@ -3,10 +3,9 @@
 //
 // Vectors: a thread moves 16 bytes per load or store (4 fp32, 8 fp16/bf16) whenever the element
 // count and every pointer allow it; vectorizable() is that test. Grids: a grid-stride kernel gets
-// either one full wave (full_wave_blocks, sized by the occupancy calculator) or one thread per item
-// capped at 2^20 blocks (grid_stride_blocks). Partial sums: kernels that reduce write one row of
-// fp32 partials per block row; launch_sum_rows_in_order adds the rows in row order, so a result is
-// bitwise reproducible for a given shape (no atomics).
+// enough blocks to cover its items in one pass, capped at 2^20 blocks (grid_stride_blocks). Partial sums: kernels that
+// reduce write one row of fp32 partials per block row; launch_sum_rows_in_order adds the rows in row order, so a result
+// is bitwise reproducible for a given shape (no atomics).
 #pragma once
 
 #include <ATen/Dispatch.h>
@@ -67,21 +66,6 @@ inline int multiprocessor_count() {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrMultiProcessorCount, device));
   }
   return cached[device];
-}
-
-// One full wave of `kernel`: resident blocks per SM (from the occupancy calculator, which accounts
-// for the kernel's registers) times the SM count (the per-SM figure is cached per kernel). A grid-stride kernel
-// launched with exactly this many blocks has no partial last wave; a fixed "8 blocks per SM" overshoots when registers
-// limit residency and leaves the tail of the work to a fraction of the GPU. Kernel is a template argument so the cached
-// value is per kernel, not per signature.
-template <auto Kernel>
-int64_t full_wave_blocks(int threads) {
-  static const int per_sm = [&] {
-    int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads, 0));
-    return std::max(blocks, 1);
-  }();
-  return static_cast<int64_t>(per_sm) * multiprocessor_count();
 }
 
 // Blocks of kThreads for a grid-stride loop over `items`, one item a thread: enough to cover them,
