@@ -156,6 +156,9 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated dtypes")
     parser.add_argument("--batch", type=int, default=None, help="batch size (default 32 CPU, 256 CUDA)")
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
+    parser.add_argument(
+        "--layouts", default="nchw,channels_last", help="comma-separated layouts (nchw, channels_last)"
+    )
 
 
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
@@ -163,6 +166,8 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     if device == "cuda":
         torch.backends.cudnn.benchmark = True
     batch = args.batch or (32 if device == "cpu" else 256)
+    if not set(args.layouts.split(",")) <= {"nchw", "channels_last"}:
+        raise SystemExit(f"--layouts: expected nchw and/or channels_last, got {args.layouts!r}")
     shapes = common.select_shapes(MOBILENET_V2 + CONVNEXT_ATTO, args.shapes, QUICK if args.quick else None)
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         for name, c, h, k, stride in shapes:
@@ -178,7 +183,7 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
             base_g = torch.randn(batch, c, oh, oh, device=device, dtype=dtype)
             w = torch.randn(c, 1, k, k, device=device, dtype=dtype)
             b = torch.randn(c, device=device, dtype=dtype)
-            for layout in ("nchw", "channels_last"):
+            for layout in args.layouts.split(","):
                 fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
                 x, g = base_x.contiguous(memory_format=fmt), base_g.contiguous(memory_format=fmt)
                 providers = _providers(x, w, b, g, stride, pad)

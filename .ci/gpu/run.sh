@@ -36,7 +36,7 @@ if [[ $stage == all ]]; then
   }
   fits focus 200 && FOCUS_TIMEOUT=$secs bash "$0" focus
   fits test 130 && TEST_TIMEOUT=$secs bash "$0" test
-  fits bench 100 && BENCH_TIMEOUT=$((secs / 7)) bash "$0" bench --quick --no-compile
+  fits bench 100 && BENCH_BUDGET=$secs bash "$0" bench --quick --no-compile
   fits sanitize 60 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
   fits train 50 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
   fits models 40 && MODELS_TIMEOUT=$secs bash "$0" models
@@ -161,11 +161,21 @@ sanitize)
 bench)
   # depthwise_separable_conv2d has no CUDA kernel (CPU only): its benchmark refuses --device cuda.
   # fused_adam twice: fp32 and bf16 params (the targets name both). host_overhead first: a
-  # few seconds, and what every small call costs on this host.
-  for bench in ${FASTOPS_BENCHES:-host_overhead clipped_log gelu fused_adam fused_adam:bf16 depthwise_conv2d squeeze_excite}; do
-    name=${bench%%:*} variant=() log=bench_${bench/:/_}
+  # few seconds, and what every small call costs on this host. depthwise_conv2d:cl is the
+  # channels_last half, bf16 first (the NCHW CUDA path of the module is cuDNN). Each benchmark gets
+  # BENCH_TIMEOUT s, or with BENCH_BUDGET an equal share of what the ones before it left.
+  benches=(${FASTOPS_BENCHES:-host_overhead gelu clipped_log depthwise_conv2d:cl squeeze_excite fused_adam fused_adam:bf16})
+  bench_start=$SECONDS
+  for k in "${!benches[@]}"; do
+    bench=${benches[$k]} name=${bench%%:*} variant=() log=bench_${bench/:/_}
     [[ $bench == fused_adam:bf16 ]] && variant=(--dtype bfloat16 --tag bf16)
-    cap ${BENCH_TIMEOUT:-130} $PY -m "benchmarks.bench_$name" --device cuda --out "$work" --min-time 0.3 "${variant[@]}" "$@" >"$work/$log.log" 2>&1
+    [[ $bench == depthwise_conv2d:cl ]] && variant=(--layouts channels_last --dtypes bfloat16,float32 --tag cl)
+    secs=${BENCH_TIMEOUT:-130}
+    if [[ -n ${BENCH_BUDGET:-} ]]; then
+      secs=$(((BENCH_BUDGET - (SECONDS - bench_start)) / (${#benches[@]} - k)))
+      ((secs >= 10)) || { echo "$log: skipped, the bench budget is spent"; continue; }
+    fi
+    cap $secs $PY -m "benchmarks.bench_$name" --device cuda --out "$work" --min-time 0.3 "${variant[@]}" "$@" >"$work/$log.log" 2>&1
     echo "$log: rc=$?"; tail -n 25 "$work/$log.log"
   done
   ;;
