@@ -3,6 +3,7 @@ and the edge cases of its own (bitwise-repeatable weight gradients, errors, >2^3
 
 from __future__ import annotations
 
+import hashlib
 import random
 import zlib
 from collections.abc import Iterator
@@ -426,10 +427,14 @@ def _host_wgrad():  # noqa: ANN202 (a compiled module)
         from torch.utils.cpp_extension import load_inline
 
         include = Path(__file__).resolve().parents[2] / "csrc" / "include"
+        # load_inline rebuilds when its source text changes, not when a header it includes does: the
+        # headers' hash goes into the source, so a cached build never hides a kernel change.
+        headers = [include / "fastops" / name for name in ("depthwise_rows_nhwc.h", "depthwise_wgrad_nhwc.h")]
+        digest = hashlib.sha256(b"".join(h.read_bytes() for h in headers)).hexdigest()
         _HOST_WGRAD.append(
             load_inline(
                 "fastops_test_host_wgrad",
-                cpp_sources=_HOST_WGRAD_SOURCE,
+                cpp_sources=f"{_HOST_WGRAD_SOURCE}\n// headers {digest}\n",
                 functions=["emulate", "rows"],
                 extra_include_paths=[str(include)],
                 extra_cflags=["-O2"],
@@ -447,6 +452,8 @@ HOST_WGRAD_CASES = [
     (2, 8, 15, 14, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1000),
     (2, 8, 5, 4, 7, (1, 1), (3, 3, 3, 3), (1, 1), 2),  # the window wider than the image
     (65, 8, 3, 3, 3, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # one output pixel per image, 65 runs: 2 groups
+    (2, 8, 7, 9, 5, (2, 1), (2, 1, 0, 4), (1, 1), 3),  # unit stride along rows, lopsided left/right pads
+    (1, 8, 6, 12, 7, (1, 1), (3, 3, 5, 1), (1, 1), 2),  # the sliding window starting 5 columns outside
 ]
 
 
