@@ -29,7 +29,7 @@ def _no_tf32() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    # fastops.nn.DepthwiseConv2d falls back to cuDNN on CUDA by default; the tests are about our
+    # fastops.nn.DepthwiseConv2d runs cuDNN on most CUDA inputs by default; the tests are about our
     # kernels, so every module test runs them (tests of the default itself unset this).
     monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "fastops")
 
