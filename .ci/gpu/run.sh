@@ -100,6 +100,12 @@ PYEOF
   for line in "${lines[@]}"; do
     read -ra words <<<"$line"
     tool=${words[0]} nodes=("${words[@]:1}")
+    # -n (pytest-xdist) where the image has it; else the tests run in one process.
+    if ! $PY -c "import xdist" 2>/dev/null; then
+      kept=()
+      for w in "${nodes[@]}"; do [[ $w == -n* ]] || kept+=("$w"); done
+      nodes=("${kept[@]}")
+    fi
     k=$((k + 1)) log="$work/focus$k.$tool.log"
     echo "== $tool ${nodes[*]}" >"$log"
     case $tool in
