@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include <fastops/fast_divmod.h>
 #include <fastops/cuda_common.cuh>
 
 namespace fastops::cuda {
@@ -193,27 +194,54 @@ void launch_channel_sums(float* out, const T* a, const T* b, const SqueezeExcite
   launch_sum_rows_in_order(partial.data_ptr<float>(), splits, N * C, StoreDivided{out, divisor}, stream);
 }
 
+// Where vector v of an affine pass takes its factor: s[row] for NCHW (row = v / vectors_per_row), s[n * C
+// + c] for channels_last (c = (v % channel_vectors) * V, n = v / (HW * channel_vectors)). With kFast
+// (fewer than 2^31 vectors) the divisions are FastDivmod's multiply and shift; else 64-bit `/` and `%`,
+// a subroutine call each on the GPU.
+template <bool kFast>
+struct AffineIndex {
+  FastDivmod inner, outer;  // NCHW: vectors per row; CL: channel vectors, and vectors per image
+  int64_t inner_d, outer_d;
+  int64_t C;
+  int V;
+
+  __device__ __forceinline__ int64_t factor_index(int64_t v, bool channels_last) const {
+    if (channels_last) {
+      if constexpr (kFast) {
+        const auto u = static_cast<uint32_t>(v);
+        return static_cast<int64_t>(outer.div(u)) * C + static_cast<int64_t>(inner.mod(u)) * V;
+      } else {
+        return (v / outer_d) * C + (v % inner_d) * V;
+      }
+    }
+    if constexpr (kFast) {
+      return inner.div(static_cast<uint32_t>(v));
+    } else {
+      return v / inner_d;
+    }
+  }
+};
+
 // out = a * s[n, c] (+ d[n, c] with kShift), over `vectors` vectors of V elements.
-template <typename T, int V, bool kChannelsLast, bool kShift>
+template <typename T, int V, bool kChannelsLast, bool kShift, bool kFast>
 __global__ void __launch_bounds__(kThreads)
     channel_affine_kernel(T* __restrict__ out, const T* __restrict__ a, const float* __restrict__ s,
-                          const float* __restrict__ d, int64_t vectors, int64_t C, int64_t HW) {
+                          const float* __restrict__ d, int64_t vectors, AffineIndex<kFast> index) {
   using Vec = Vector<T, V>;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = v * V;
     const Vec va = *reinterpret_cast<const Vec*>(a + i);
+    const int64_t f = index.factor_index(v, kChannelsLast);
     Vec vo;
     if constexpr (kChannelsLast) {
-      const int64_t c = i % C, nc = (i / (HW * C)) * C + c;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float x = to_float(va.val[k]);
-        vo.val[k] = static_cast<T>(kShift ? fmaf(x, s[nc + k], d[nc + k]) : x * s[nc + k]);
+        vo.val[k] = static_cast<T>(kShift ? fmaf(x, s[f + k], d[f + k]) : x * s[f + k]);
       }
     } else {
-      const int64_t r = i / HW;
-      const float sv = s[r], dv = kShift ? d[r] : 0.f;
+      const float sv = s[f], dv = kShift ? d[f] : 0.f;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float x = to_float(va.val[k]);
@@ -235,8 +263,22 @@ void launch_channel_affine(T* out, const T* a, const float* s, const float* d, c
     constexpr bool kCl = decltype(channels_last)::value;
     constexpr int kV = decltype(width)::value;
     const int64_t vectors = numel / kV;
-    channel_affine_kernel<T, kV, kCl, kShift>
-        <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(out, a, s, d, vectors, shape.C, shape.HW);
+    // NCHW: the vectors of one (n, c) row; channels_last: the channel vectors of a pixel, and of an image.
+    const int64_t inner = kCl ? shape.C / kV : shape.HW / kV;
+    const int64_t outer = kCl ? shape.HW * (shape.C / kV) : 1;
+    const auto blocks = grid_stride_blocks(vectors);
+    if (vectors < kFastDivmodLimit && outer < kFastDivmodLimit) {
+      const AffineIndex<true> index{FastDivmod(static_cast<uint32_t>(inner)),
+                                    FastDivmod(static_cast<uint32_t>(outer)),
+                                    inner,
+                                    outer,
+                                    shape.C,
+                                    kV};
+      channel_affine_kernel<T, kV, kCl, kShift, true><<<blocks, kThreads, 0, stream>>>(out, a, s, d, vectors, index);
+    } else {
+      const AffineIndex<false> index{FastDivmod(), FastDivmod(), inner, outer, shape.C, kV};
+      channel_affine_kernel<T, kV, kCl, kShift, false><<<blocks, kThreads, 0, stream>>>(out, a, s, d, vectors, index);
+    }
   };
   using Cl = std::true_type;
   using Nchw = std::false_type;
