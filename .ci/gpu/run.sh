@@ -5,9 +5,10 @@
 #   bash .ci/gpu/run.sh test       JIT build (timed) + every CUDA test, FASTOPS_TEST_LARGE=1
 #   bash .ci/gpu/run.sh sanitize   compute-sanitizer memcheck (caching allocator off), racecheck, synccheck
 #   bash .ci/gpu/run.sh bench      every benchmark with --device cuda
+#   bash .ci/gpu/run.sh profile    Nsight Compute on the kernels that miss their targets (ours and eager's)
 #   bash .ci/gpu/run.sh models     timm models swapped vs stock: outputs, gradients, 50 training steps
 #   bash .ci/gpu/run.sh train      training-step benchmark: fastops convnet + timm models, bf16, channels_last
-#   bash .ci/gpu/run.sh all        focus, test, bench, sanitize, train, models in one command, within ALL_BUDGET s (540)
+#   bash .ci/gpu/run.sh all        focus, test, bench, profile, sanitize, train, models: one command, ALL_BUDGET s (540)
 # Each stage writes its logs and result files into $OUT/<stage>.tar.gz (OUT defaults to ./gpu-out).
 # The JIT build lands in ./.gpu-build (git-ignored); carrying that folder to the next machine skips
 # the rebuild. Extra arguments after the stage go to pytest (test/sanitize) or to each benchmark.
@@ -15,7 +16,7 @@
 # still written; every test is logged by name (-v), so a crash names the test it happened in.
 set -uo pipefail
 stage=${1:-}
-[[ $stage =~ ^(focus|test|sanitize|bench|models|train|all)$ ]] || { sed -n 2,15p "$0"; exit 2; }
+[[ $stage =~ ^(focus|test|sanitize|bench|profile|models|train|all)$ ]] || { sed -n 2,16p "$0"; exit 2; }
 shift
 cd "$(dirname "$0")/../.."
 
@@ -24,7 +25,8 @@ if [[ $stage == all ]]; then
   # start included, and one command may run 10; on 2026-11-27 the start and transfers took ~30 s and
   # the cold JIT build 74 s): the stages in order of what a run must show first, each capped at its
   # share of ALL_BUDGET and at what is left of it; a stage that no longer fits says so and is
-  # skipped. Each stage packs its own $OUT/<stage>.tar.gz (6 files, under the 8 that come back).
+  # skipped. Each stage packs its own $OUT/<stage>.tar.gz: 7 files, and a tee'd log makes the 8 that
+  # come back.
   # The first stage pays for the build. Leave ~250 s of the lease for one follow-up command on the
   # still-warm machine (it goes cold 30 s after a command returns).
   budget=${ALL_BUDGET:-540} start=$SECONDS
@@ -35,9 +37,10 @@ if [[ $stage == all ]]; then
     echo "== $1 (up to $secs s, $((SECONDS - start)) s into the budget)"
   }
   fits focus 200 && FOCUS_TIMEOUT=$secs bash "$0" focus
-  fits test 130 && TEST_TIMEOUT=$secs bash "$0" test
-  fits bench 100 && BENCH_BUDGET=$secs bash "$0" bench --quick --no-compile
-  fits sanitize 60 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
+  fits test 110 && TEST_TIMEOUT=$secs bash "$0" test
+  fits bench 90 && BENCH_BUDGET=$secs bash "$0" bench --quick --no-compile
+  fits profile 50 && PROFILE_TIMEOUT=$secs bash "$0" profile
+  fits sanitize 50 && SAN_TOOLS="memcheck racecheck" SAN_TIMEOUT=$((secs / 2)) bash "$0" sanitize
   fits train 50 && TRAIN_TIMEOUT=$secs bash "$0" train --no-compile
   fits models 40 && MODELS_TIMEOUT=$secs bash "$0" models
   echo "all: $((SECONDS - start)) s"
@@ -184,6 +187,20 @@ bench)
     cap $secs $PY -m "benchmarks.bench_$name" --device cuda --out "$work" --min-time 0.3 "${variant[@]}" "$@" >"$work/$log.log" 2>&1
     echo "$log: rc=$?"; tail -n 25 "$work/$log.log"
   done
+  ;;
+profile)
+  # Nsight Compute over benchmarks/profile_cuda_kernels.py: the kernels that miss their targets, each once
+  # (ours, then eager's for the same work), after a warm-up outside the profiled range. Per kernel:
+  # speed of light (DRAM and SM throughput, % of peak), occupancy, launch statistics, L1/L2 traffic and
+  # hit rates, scheduler and warp-state statistics. The report and its table (csv) come back.
+  NCU=$(command -v ncu || ls "$CUDA_HOME"/bin/ncu /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+  [[ -n $NCU ]] || { echo "profile: ncu not found on this image"; exit 0; }
+  cap $(after_build ${PROFILE_TIMEOUT:-300}) "$NCU" --profile-from-start off --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
+    -o "$work/kernels" -f $PY -m benchmarks.profile_cuda_kernels "$@" >"$work/profile.log" 2>&1
+  echo "profile rc=$?"; tail -n 12 "$work/profile.log"
+  [[ -f $work/kernels.ncu-rep ]] && "$NCU" --import "$work/kernels.ncu-rep" --csv --page details >"$work/kernels.csv" 2>&1
+  [[ -f $work/kernels.csv ]] && grep -E '"(Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per Thread)"' "$work/kernels.csv" | cut -c1-220 | head -n 60
   ;;
 models)
   cap ${MODELS_TIMEOUT:-300} $PY -m pytest tests/models "${PYTEST[@]}" "$@" >"$work/models.log" 2>&1
