@@ -81,7 +81,7 @@ class DepthwiseConv2d(nn.Module):
 
     CUDA input runs the kernel named by ``cuda_backend`` (``None``: :func:`cuda_backend`, which is
     ``"auto"`` unless FASTOPS_CUDA_DEPTHWISE says otherwise): under ``"auto"``, ours for float32
-    channels_last input with a kernel of 7x7 or more at stride 1 (ConvNeXt's, where the H200 measured
+    channels_last input with a 7x7 kernel at stride 1, dilation 1 (ConvNeXt's, where the H200 measured
     it 3.5x cuDNN forward and backward), cuDNN through ``F.conv2d`` (a fallback) for every other CUDA
     input, where cuDNN is still faster. ``"fastops"`` runs ours on every CUDA input, ``"cudnn"``
     cuDNN. Under ``"auto"``, on either device, ``backend`` (``"auto"``, ``"fastops"`` or
@@ -144,7 +144,9 @@ class DepthwiseConv2d(nn.Module):
             chosen = self.resolved_cuda_backend()
             if chosen != "auto":
                 return chosen == "cudnn"
-        return policy.runs_torch(self, _OP, x, kernel_size=self.kernel_size, stride=self.stride)
+        return policy.runs_torch(
+            self, _OP, x, kernel_size=self.kernel_size, stride=self.stride, dilation=self.dilation
+        )
 
     def resolved_cuda_backend(self) -> str:
         """The kernel this module runs on CUDA input: its ``cuda_backend``, else :func:`cuda_backend`."""
@@ -411,15 +413,29 @@ for _region in [
 # cuDNN's NHWC weight gradient takes 4.6 ms against our 0.89 ms. cuDNN's bf16 7x7 weight gradient
 # is fast (0.37 ms on the H100, 2026-11-24), so bf16 and fp16 stay on cuDNN until measured.
 _H200_DW = "benchmarks/results/gpu_h200_2026-11-27b.md"
+
+
+def _cuda_measured_faster(case: policy.Case) -> bool:
+    """The one CUDA case measured faster than cuDNN: float32 channels_last 7x7, stride 1, dilation 1,
+    whole 16-byte channel vectors (what our channels_last kernels take; other kernel sizes, dilations
+    and channel counts run older, slower kernels)."""
+    return (
+        case.channels_last
+        and case.dtype == torch.float32
+        and _kernel_hw(case) == (7, 7)
+        and not _strided(case)
+        and case.params.get("dilation", (1, 1)) == (1, 1)
+        and _channels(case) % 4 == 0
+    )
+
+
 policy.register_slower_region(
     policy.SlowerRegion(
         _OP,
         "cuda",
-        "every input but float32 channels_last with kernels of 7x7 or more at stride 1",
+        "every input but float32 channels_last 7x7 at stride 1, dilation 1, channels a multiple of 4",
         f"{_H200_DW}: fwd+bwd NCHW 0.34-0.48x cuDNN, channels_last 3x3 0.76-0.86x (fp32) and "
         "0.77-0.80x (bf16); channels_last 7x7 fp32 3.53x (cnxa.c40.56), so that one runs ours",
-        lambda c: (
-            not (c.channels_last and c.dtype == torch.float32 and min(_kernel_hw(c)) >= 7 and not _strided(c))
-        ),
+        lambda c: not _cuda_measured_faster(c),
     )
 )

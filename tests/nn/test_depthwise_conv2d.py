@@ -64,23 +64,28 @@ def test_module_cuda_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch
         fastops.nn.depthwise_conv2d.cuda_backend()
 
 
-def _cuda_case(kernel: int, stride: int, dtype: torch.dtype, channels_last: bool) -> policy.Case:
+def _cuda_case(
+    kernel: int, stride: int, dtype: torch.dtype, channels_last: bool, channels: int = 40, dilation: int = 1
+) -> policy.Case:
     return policy.Case(
-        "depthwise_conv2d", "cuda", None, channels_last, dtype, (256, 40, 56, 56), True,
-        {"kernel_size": (kernel, kernel), "stride": (stride, stride)},
+        "depthwise_conv2d", "cuda", None, channels_last, dtype, (256, channels, 56, 56), True,
+        {"kernel_size": (kernel, kernel), "stride": (stride, stride), "dilation": (dilation, dilation)},
     )  # fmt: skip
 
 
 def test_cuda_auto_runs_ours_only_where_measured_faster() -> None:
-    """Under "auto", CUDA input runs cuDNN except float32 channels_last with kernels from 7x7 at
-    stride 1 (the H200's 3.5x); decided on the CPU from the registered region."""
+    """Under "auto", CUDA input runs cuDNN except float32 channels_last 7x7 at stride 1 (the H200's
+    3.5x); decided on the CPU from the registered region."""
     cuda = [r for r in policy.regions("depthwise_conv2d") if r.device == "cuda"]
     assert len(cuda) == 1 and "gpu_h200_2026-11-27b.md" in cuda[0].evidence
 
     def ours(*args: object) -> bool:
         return not cuda[0].covers(_cuda_case(*args))  # type: ignore[arg-type]
 
-    assert ours(7, 1, torch.float32, True) and ours(9, 1, torch.float32, True)
+    assert ours(7, 1, torch.float32, True)
+    assert not ours(9, 1, torch.float32, True)  # 3/5/7 only have the channels_last kernels measured
+    assert not ours(7, 1, torch.float32, True, 42)  # 42 channels: no whole 16-byte vectors
+    assert not ours(7, 1, torch.float32, True, 40, 2)  # dilated
     assert not ours(7, 1, torch.float32, False)  # NCHW
     assert not ours(7, 2, torch.float32, True)  # strided
     assert not ours(3, 1, torch.float32, True) and not ours(5, 1, torch.float32, True)
