@@ -41,6 +41,7 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
             g = torch.randn(n, device=device, dtype=dtype)
             size, item = common.human_size(n), x.element_size()
             fwd = {name: (lambda fn=fn, x=x: fn(x)) for name, fn in providers.items()}
+            fwd["copy"] = common.same_size_copy(x)
             yield common.BenchCase("1-D", "fwd", dtype, size, fwd, nbytes=2 * n * item, grad=False)
             xg = x.detach().clone().requires_grad_(True)
             fwd_bwd = {
@@ -54,7 +55,9 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
 def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
     return (
         "fastops runs with straight_through=False (the eager expression's own gradient). "
-        "Bytes: fwd 2 x itemsize / element, fwd+bwd 5 x itemsize / element." + common.allocation_note(args)
+        "Bytes: fwd 2 x itemsize / element, fwd+bwd 5 x itemsize / element. copy rows: x copied into a "
+        "preallocated tensor, the forward's bytes with no math: what this size reaches on this device."
+        + common.allocation_note(args)
     )
 
 

@@ -79,6 +79,7 @@ def gelu_cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                 g = torch.randn(shape, device=device).to(dtype)
                 item = x.element_size()
                 fwd_fns = {name: (lambda f=f, x=x: f(x)) for name, (f, _) in providers.items()}
+                fwd_fns["copy"] = common.same_size_copy(x)
                 yield common.BenchCase(case, "fwd", dtype, size, fwd_fns, nbytes=2 * n * item, grad=False)
                 bwd_fns = {name: (lambda b=b, g=g, x=x: b(g, x)) for name, (_, b) in providers.items()}
                 yield common.BenchCase(case, "bwd", dtype, size, bwd_fns, nbytes=3 * n * item, grad=False)
@@ -233,6 +234,8 @@ re-reads grad_x for grad_bias); we form it in registers and reduce grad_bias in 
 def notes(args: argparse.Namespace, results: list[common.Result]) -> str:
     text = (
         "Bytes: fwd 2, bwd 3, fwd+bwd 5 x itemsize per activation element (bias terms are O(features)). "
+        "copy rows (gelu fwd): x copied into a preallocated tensor, the forward's bytes with no math: what "
+        "this size reaches on this device. "
         "bwd rows time the backward kernels alone (eager: aten.gelu_backward on the saved x + bias, then "
         "grad_x.sum(0) for grad_bias). mlp rows: Linear(d, 4d) -> GELU -> Linear(4d, d) forward + backward; "
         "activation_ms / activation_share_pct time the activation (forward + backward) alone at the hidden shape."
