@@ -36,6 +36,7 @@
 #include <fastops/depthwise_wgrad_nhwc.h>
 #include <torch/library.h>
 
+#include <fastops/fast_divmod.h>
 #include <fastops/cuda_common.cuh>
 
 #include <algorithm>
@@ -153,10 +154,33 @@ __global__ void __launch_bounds__(kThreads) backward_input_kernel(const T* __res
 }
 
 // The pieces the two NHWC vector kernels share. Vector index i of an (N, Hd, Wd, C) NHWC tensor with
-// V channels a vector -> (n, h, w, first channel c).
+// V channels a vector -> (n, h, w, first channel c). Below 2^31 vectors (split.fast, the same for every
+// thread) by FastDivmod's multiply and shift; else by 64-bit / and %, a subroutine call each on the GPU.
+struct NhwcSplit {
+  FastDivmod channel_vectors, width, height;  // C / V, Wd, Hd
+  bool fast;
+};
+
+inline NhwcSplit nhwc_split(int64_t vectors, int64_t channel_vectors, int64_t width, int64_t height) {
+  if (vectors >= kFastDivmodLimit) return {FastDivmod(), FastDivmod(), FastDivmod(), false};
+  return {FastDivmod(static_cast<uint32_t>(channel_vectors)), FastDivmod(static_cast<uint32_t>(width)),
+          FastDivmod(static_cast<uint32_t>(height)), true};
+}
+
 template <int V>
-__device__ __forceinline__ void split_nhwc_vector(int64_t i, int64_t C, int64_t Hd, int64_t Wd, int64_t& n, int64_t& h,
-                                                  int64_t& w, int64_t& c) {
+__device__ __forceinline__ void split_nhwc_vector(int64_t i, int64_t C, int64_t Hd, int64_t Wd, const NhwcSplit& split,
+                                                  int64_t& n, int64_t& h, int64_t& w, int64_t& c) {
+  if (split.fast) {
+    const auto vector = static_cast<uint32_t>(i);
+    const uint32_t pixel = split.channel_vectors.div(vector);
+    const uint32_t row = split.width.div(pixel);
+    const uint32_t image = split.height.div(row);
+    c = static_cast<int64_t>(vector - pixel * split.channel_vectors.divisor) * V;
+    w = pixel - row * split.width.divisor;
+    h = row - image * split.height.divisor;
+    n = image;
+    return;
+  }
   const int64_t CV = C / V;
   c = (i % CV) * V;
   i /= CV;
@@ -187,12 +211,12 @@ __device__ __forceinline__ void store_vector(T* dst, const float (&acc)[V]) {
 template <typename T, int V, int K>
 __global__ void __launch_bounds__(kThreads)
     forward_nhwc_vec_kernel(const T* __restrict__ x, const float* __restrict__ wt, const float* __restrict__ b,
-                            T* __restrict__ y, Geo g, int64_t total_vectors) {
+                            T* __restrict__ y, Geo g, int64_t total_vectors, NhwcSplit split) {
   const int KH = K > 0 ? K : g.KH, KW = K > 0 ? K : g.KW;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total_vectors;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t n, oh, ow, c;
-    split_nhwc_vector<V>(i, g.C, g.OH, g.OW, n, oh, ow, c);
+    split_nhwc_vector<V>(i, g.C, g.OH, g.OW, split, n, oh, ow, c);
     const int64_t ih0 = oh * g.sh - g.pt, iw0 = ow * g.sw - g.pl;
     const T* xn = x + n * g.H * g.W * g.C + c;
     float acc[V];
@@ -214,16 +238,19 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // NHWC input gradient, V channels per thread: a gather over the taps whose window covers the input
-// pixel. S1: stride 1 in both directions (no phase test, no division).
-template <typename T, int V, int K, bool S1>
+// pixel. S: the stride in both directions at compile time (1: no phase test, no division; 2: the phase
+// test and the division are a bit test and a shift, where a run-time stride makes each a 64-bit
+// subroutine call, per tap), or 0: the run-time strides of g.
+template <typename T, int V, int K, int S>
 __global__ void __launch_bounds__(kThreads)
     backward_input_nhwc_vec_kernel(const T* __restrict__ go, const float* __restrict__ wt, T* __restrict__ dx, Geo g,
-                                   int64_t total_vectors) {
+                                   int64_t total_vectors, NhwcSplit split) {
   const int KH = K > 0 ? K : g.KH, KW = K > 0 ? K : g.KW;
+  const int64_t sh = S > 0 ? S : g.sh, sw = S > 0 ? S : g.sw;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total_vectors;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t n, ih, iw, c;
-    split_nhwc_vector<V>(i, g.C, g.H, g.W, n, ih, iw, c);
+    split_nhwc_vector<V>(i, g.C, g.H, g.W, split, n, ih, iw, c);
     const T* gn = go + n * g.OH * g.OW * g.C + c;
     float acc[V];
 #pragma unroll
@@ -232,18 +259,18 @@ __global__ void __launch_bounds__(kThreads)
     for (int kh = 0; kh < KH; ++kh) {
       int64_t oh = ih + g.pt - static_cast<int64_t>(kh) * g.dh;
       if (oh < 0) continue;
-      if (!S1) {
-        if (oh % g.sh != 0) continue;
-        oh /= g.sh;
+      if (S != 1) {
+        if (oh % sh != 0) continue;
+        oh /= sh;
       }
       if (oh >= g.OH) continue;
 #pragma unroll
       for (int kw = 0; kw < KW; ++kw) {
         int64_t ow = iw + g.pl - static_cast<int64_t>(kw) * g.dw;
         if (ow < 0) continue;
-        if (!S1) {
-          if (ow % g.sw != 0) continue;
-          ow /= g.sw;
+        if (S != 1) {
+          if (ow % sw != 0) continue;
+          ow /= sw;
         }
         if (ow >= g.OW) continue;
         accumulate_tap<T, V>(acc, gn + (oh * g.OW + ow) * g.C, wt + static_cast<int64_t>(kh * KW + kw) * g.C + c);
@@ -468,9 +495,10 @@ at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, co
         return;
       }
       const int64_t vectors = total / V;
+      const NhwcSplit split = nhwc_split(vectors, dg.C / V, dg.OW, dg.OH);
       with_kernel_size<3, 5, 7>(k, [&](auto kc) {
-        forward_nhwc_vec_kernel<scalar_t, V, decltype(kc)::value>
-            <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(xp, wt.const_data_ptr<float>(), bp, yp, g, vectors);
+        forward_nhwc_vec_kernel<scalar_t, V, decltype(kc)::value><<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(
+            xp, wt.const_data_ptr<float>(), bp, yp, g, vectors, split);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
       return;
@@ -516,16 +544,21 @@ at::Tensor depthwise_conv2d_backward_input(const at::Tensor& grad_in, const at::
       }
       const at::Tensor wt = w.view({dg.C, dg.taps()}).t().contiguous();
       const int64_t vectors = total / V;
-      const bool s1 = dg.sh == 1 && dg.sw == 1;
+      const NhwcSplit split = nhwc_split(vectors, dg.C / V, dg.W, dg.H);
+      const int s = dg.sh == dg.sw && (dg.sh == 1 || dg.sh == 2) ? static_cast<int>(dg.sh) : 0;
       with_kernel_size<3, 5, 7>(square_kernel_size(dg), [&](auto kc) {
         constexpr int K = decltype(kc)::value;
         const float* wtp = wt.const_data_ptr<float>();
-        if (s1) {
-          backward_input_nhwc_vec_kernel<scalar_t, V, K, true>
-              <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
+        const auto blocks = grid_stride_blocks(vectors);
+        if (s == 1) {
+          backward_input_nhwc_vec_kernel<scalar_t, V, K, 1>
+              <<<blocks, kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors, split);
+        } else if (s == 2) {
+          backward_input_nhwc_vec_kernel<scalar_t, V, K, 2>
+              <<<blocks, kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors, split);
         } else {
-          backward_input_nhwc_vec_kernel<scalar_t, V, K, false>
-              <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors);
+          backward_input_nhwc_vec_kernel<scalar_t, V, K, 0>
+              <<<blocks, kThreads, 0, stream>>>(gp, wtp, dxp, g, vectors, split);
         }
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       });
