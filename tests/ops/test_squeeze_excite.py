@@ -14,7 +14,7 @@ import fastops
 from fastops import reference
 from fastops.ops.squeeze_excite import ACTIVATIONS, GATES
 from fastops.reference.squeeze_excite import ACTIVATIONS as ACTIVATION_FNS
-from tests.helpers import assert_same_nonfinite
+from tests.helpers import assert_close_to_reference, assert_same_nonfinite, devices
 from tests.ops.contract import ContractTests, OpSpec, Sample
 
 COMBOS = list(itertools.product(ACTIVATIONS, GATES))
@@ -290,6 +290,32 @@ def _saved_bytes(fn, *args) -> tuple[int, int]:  # noqa: ANN001
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*args)
     return sum(seen.values()), len(seen)
+
+
+@devices
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("shape", [(3, 24, 9, 11), (1, 16, 64, 65)], ids=["short_rows", "long_rows"])
+def test_memory_passes_alone(device: str, dtype: torch.dtype, layout: str, shape: tuple) -> None:
+    """The block's four memory passes on their own, without the FCs' GEMMs, against float64: the half
+    precision kernels in isolation (on the H200, racecheck aborted inside the whole block's fp16/bf16
+    test, where cuBLAS's kernels run too). Rows of 64 x 65 = 4160 elements take the NCHW
+    block-per-row reduction, 9 x 11 the warp-per-row one."""
+    gen = torch.Generator().manual_seed(7)
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    n, c, h, w = shape
+    x = torch.randn(shape, generator=gen).to(device=device, dtype=dtype).contiguous(memory_format=fmt)
+    g = torch.randn(shape, generator=gen).to(device=device, dtype=dtype).contiguous(memory_format=fmt)
+    scale = torch.rand(n, c, generator=gen).to(device)
+    grad_pool = torch.randn(n, c, generator=gen).to(device)
+    x64, g64, s64, p64 = x.double(), g.double(), scale.double()[:, :, None, None], grad_pool.double()
+    ops = torch.ops.fastops
+    torch.testing.assert_close(ops.squeeze_excite_pool(x).double(), x64.mean((2, 3)), rtol=1e-5, atol=1e-6)
+    assert_close_to_reference(ops.squeeze_excite_scale(x, scale), x64 * s64)
+    reduced = ops.squeeze_excite_backward_reduce(g, x).double()
+    torch.testing.assert_close(reduced, (g64 * x64).sum((2, 3)), rtol=1e-5, atol=1e-4)
+    dx = ops.squeeze_excite_backward_input(g, scale, grad_pool)
+    assert_close_to_reference(dx, g64 * s64 + (p64 / (h * w))[:, :, None, None])
 
 
 @pytest.mark.parametrize("act,gate", COMBOS)
