@@ -16,7 +16,15 @@ import torch
 from fastops import reference
 from fastops.ops.fused_adam import fused_adam
 from fastops.optim import FusedAdam, FusedAdamW
-from tests.helpers import HALF_DTYPES, assert_close_to_reference, cuda_only, devices, dtypes, ulp_floor
+from tests.helpers import (
+    HALF_DTYPES,
+    assert_close_to_reference,
+    cuda_only,
+    devices,
+    dtypes,
+    leave_spawned_worker,
+    ulp_floor,
+)
 
 # 0-d, empty (also empty last), one spanning several CPU tasks (> 32768 elements), odd sizes.
 SHAPES = [(7, 5), (), (0,), (300, 257), (3, 0, 2), (33,), (1, 17), (0,)]
@@ -1293,6 +1301,7 @@ def _ddp_worker(rank: int, world_size: int, out_dir: str) -> None:
         dist.barrier()  # neither rank tears down while the other is still talking
     finally:
         dist.destroy_process_group()
+    leave_spawned_worker()
 
 
 def test_ddp_gloo_two_processes_identical_params() -> None:

@@ -13,6 +13,8 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import leave_spawned_worker
+
 STEPS = 4
 GLOBAL_BATCH = 8
 HYPER = dict(lr=1e-2, weight_decay=0.1)
@@ -110,6 +112,7 @@ def _fsdp_worker(rank: int, world_size: int, out_dir: str) -> None:
         dist.barrier()  # neither rank tears down while the other is still talking
     finally:
         dist.destroy_process_group()
+    leave_spawned_worker()
 
 
 def test_fsdp2_fused_adamw_equals_one_process_adamw_and_resumes_through_dcp() -> None:
