@@ -58,6 +58,26 @@ int64_t mismatches(int64_t small_d, int64_t random_pairs) {
   return bad;
 }
 
+// IndexDivider against / and %: FastDivmod below 2^31, 64-bit division from there on (a dividend or a
+// divisor at or past 2^31 takes it), the choice made from the largest dividend.
+int64_t index_divider_mismatches() {
+  int64_t bad = 0;
+  const int64_t limit = int64_t{1} << 31;
+  std::mt19937_64 gen(7);
+  for (const int64_t max_dividend : {int64_t{1000}, limit - 1, limit, int64_t{1} << 40}) {
+    for (const int64_t d : {int64_t{1}, int64_t{3}, int64_t{640}, limit - 1, limit, int64_t{5} << 33}) {
+      const fastops::IndexDivider f(d, max_dividend);
+      if (f.use_fast != (d < limit && max_dividend < limit)) ++bad;
+      for (int k = 0; k < 2000; ++k) {
+        const int64_t n = k < 3 ? std::vector<int64_t>{0, max_dividend, d - 1}[k] % (max_dividend + 1)
+                                : static_cast<int64_t>(gen() % static_cast<uint64_t>(max_dividend + 1));
+        if (f.div(n) != n / d || f.mod(n) != n % d) ++bad;
+      }
+    }
+  }
+  return bad;
+}
+
 // A wrong multiplier must be caught: the same check with magic - 1 (for d = 3, 7, 641).
 int64_t mismatches_with_a_wrong_magic() {
   int64_t bad = 0;
@@ -81,7 +101,7 @@ def ext():  # noqa: ANN201 (a compiled module)
     return load_inline(
         "fastops_test_fast_divmod",
         cpp_sources=f"{SOURCE}\n// header {digest}\n",
-        functions=["mismatches", "mismatches_with_a_wrong_magic"],
+        functions=["mismatches", "mismatches_with_a_wrong_magic", "index_divider_mismatches"],
         extra_include_paths=[str(INCLUDE)],
         extra_cflags=["-O2"],
     )
@@ -89,6 +109,10 @@ def ext():  # noqa: ANN201 (a compiled module)
 
 def test_fast_divmod_matches_division_below_2_31(ext) -> None:  # noqa: ANN001
     assert ext.mismatches(70000, 2_000_000) == 0
+
+
+def test_index_divider_takes_the_fast_path_only_below_2_31(ext) -> None:  # noqa: ANN001
+    assert ext.index_divider_mismatches() == 0
 
 
 def test_the_check_sees_a_wrong_multiplier(ext) -> None:  # noqa: ANN001

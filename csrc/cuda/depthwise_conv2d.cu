@@ -154,40 +154,25 @@ __global__ void __launch_bounds__(kThreads) backward_input_kernel(const T* __res
 }
 
 // The pieces the two NHWC vector kernels share. Vector index i of an (N, Hd, Wd, C) NHWC tensor with
-// V channels a vector -> (n, h, w, first channel c). Below 2^31 vectors (split.fast, the same for every
-// thread) by FastDivmod's multiply and shift; else by 64-bit / and %, a subroutine call each on the GPU.
+// V channels a vector -> (n, h, w, first channel c), by the dividers of IndexDivider (FastDivmod's
+// multiply and shift below 2^31 vectors, where 64-bit / and % are a subroutine call each on the GPU).
 struct NhwcSplit {
-  FastDivmod channel_vectors, width, height;  // C / V, Wd, Hd
-  bool fast;
+  IndexDivider channel_vectors, width, height;  // C / V, Wd, Hd
 };
 
 inline NhwcSplit nhwc_split(int64_t vectors, int64_t channel_vectors, int64_t width, int64_t height) {
-  if (vectors >= kFastDivmodLimit) return {FastDivmod(), FastDivmod(), FastDivmod(), false};
-  return {FastDivmod(static_cast<uint32_t>(channel_vectors)), FastDivmod(static_cast<uint32_t>(width)),
-          FastDivmod(static_cast<uint32_t>(height)), true};
+  return {IndexDivider(channel_vectors, vectors), IndexDivider(width, vectors), IndexDivider(height, vectors)};
 }
 
 template <int V>
-__device__ __forceinline__ void split_nhwc_vector(int64_t i, int64_t C, int64_t Hd, int64_t Wd, const NhwcSplit& split,
-                                                  int64_t& n, int64_t& h, int64_t& w, int64_t& c) {
-  if (split.fast) {
-    const auto vector = static_cast<uint32_t>(i);
-    const uint32_t pixel = split.channel_vectors.div(vector);
-    const uint32_t row = split.width.div(pixel);
-    const uint32_t image = split.height.div(row);
-    c = static_cast<int64_t>(vector - pixel * split.channel_vectors.divisor) * V;
-    w = pixel - row * split.width.divisor;
-    h = row - image * split.height.divisor;
-    n = image;
-    return;
-  }
-  const int64_t CV = C / V;
-  c = (i % CV) * V;
-  i /= CV;
-  w = i % Wd;
-  i /= Wd;
-  h = i % Hd;
-  n = i / Hd;
+__device__ __forceinline__ void split_nhwc_vector(int64_t i, const NhwcSplit& split, int64_t& n, int64_t& h, int64_t& w,
+                                                  int64_t& c) {
+  const int64_t pixel = split.channel_vectors.div(i);
+  const int64_t row = split.width.div(pixel);
+  n = split.height.div(row);
+  c = (i - pixel * split.channel_vectors.divisor) * V;
+  w = pixel - row * split.width.divisor;
+  h = row - n * split.height.divisor;
 }
 
 // acc[j] += wp[j] * src[j] for the V channels of one tap (src: 16 bytes, wp: V fp32 weights).
@@ -216,7 +201,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total_vectors;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t n, oh, ow, c;
-    split_nhwc_vector<V>(i, g.C, g.OH, g.OW, split, n, oh, ow, c);
+    split_nhwc_vector<V>(i, split, n, oh, ow, c);
     const int64_t ih0 = oh * g.sh - g.pt, iw0 = ow * g.sw - g.pl;
     const T* xn = x + n * g.H * g.W * g.C + c;
     float acc[V];
@@ -250,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total_vectors;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t n, ih, iw, c;
-    split_nhwc_vector<V>(i, g.C, g.H, g.W, split, n, ih, iw, c);
+    split_nhwc_vector<V>(i, split, n, ih, iw, c);
     const T* gn = go + n * g.OH * g.OW * g.C + c;
     float acc[V];
 #pragma unroll

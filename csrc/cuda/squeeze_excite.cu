@@ -195,44 +195,30 @@ void launch_channel_sums(float* out, const T* a, const T* b, const SqueezeExcite
 }
 
 // Where vector v of an affine pass takes its factor: s[row] for NCHW (row = v / vectors_per_row), s[n * C
-// + c] for channels_last (c = (v % channel_vectors) * V, n = v / (HW * channel_vectors)). With kFast
-// (fewer than 2^31 vectors) the divisions are FastDivmod's multiply and shift; else 64-bit `/` and `%`,
-// a subroutine call each on the GPU.
-template <bool kFast>
+// + c] for channels_last (c = (v % channel_vectors) * V, n = v / (HW * channel_vectors)), by the
+// dividers of IndexDivider (FastDivmod below 2^31 vectors, where 64-bit / and % are a subroutine call
+// each on the GPU).
 struct AffineIndex {
-  FastDivmod inner, outer;  // NCHW: vectors per row; CL: channel vectors, and vectors per image
-  int64_t inner_d, outer_d;
+  IndexDivider inner, outer;  // NCHW: vectors per row; CL: channel vectors, and vectors per image
   int64_t C;
-  int V;
 
+  template <int V>
   __device__ __forceinline__ int64_t factor_index(int64_t v, bool channels_last) const {
-    if (channels_last) {
-      if constexpr (kFast) {
-        const auto u = static_cast<uint32_t>(v);
-        return static_cast<int64_t>(outer.div(u)) * C + static_cast<int64_t>(inner.mod(u)) * V;
-      } else {
-        return (v / outer_d) * C + (v % inner_d) * V;
-      }
-    }
-    if constexpr (kFast) {
-      return inner.div(static_cast<uint32_t>(v));
-    } else {
-      return v / inner_d;
-    }
+    return channels_last ? outer.div(v) * C + inner.mod(v) * V : inner.div(v);
   }
 };
 
 // out = a * s[n, c] (+ d[n, c] with kShift), over `vectors` vectors of V elements.
-template <typename T, int V, bool kChannelsLast, bool kShift, bool kFast>
+template <typename T, int V, bool kChannelsLast, bool kShift>
 __global__ void __launch_bounds__(kThreads)
     channel_affine_kernel(T* __restrict__ out, const T* __restrict__ a, const float* __restrict__ s,
-                          const float* __restrict__ d, int64_t vectors, AffineIndex<kFast> index) {
+                          const float* __restrict__ d, int64_t vectors, AffineIndex index) {
   using Vec = Vector<T, V>;
   for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
        v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = v * V;
     const Vec va = *reinterpret_cast<const Vec*>(a + i);
-    const int64_t f = index.factor_index(v, kChannelsLast);
+    const int64_t f = index.factor_index<V>(v, kChannelsLast);
     Vec vo;
     if constexpr (kChannelsLast) {
 #pragma unroll
@@ -266,19 +252,9 @@ void launch_channel_affine(T* out, const T* a, const float* s, const float* d, c
     // NCHW: the vectors of one (n, c) row; channels_last: the channel vectors of a pixel, and of an image.
     const int64_t inner = kCl ? shape.C / kV : shape.HW / kV;
     const int64_t outer = kCl ? shape.HW * (shape.C / kV) : 1;
-    const auto blocks = grid_stride_blocks(vectors);
-    if (vectors < kFastDivmodLimit && outer < kFastDivmodLimit) {
-      const AffineIndex<true> index{FastDivmod(static_cast<uint32_t>(inner)),
-                                    FastDivmod(static_cast<uint32_t>(outer)),
-                                    inner,
-                                    outer,
-                                    shape.C,
-                                    kV};
-      channel_affine_kernel<T, kV, kCl, kShift, true><<<blocks, kThreads, 0, stream>>>(out, a, s, d, vectors, index);
-    } else {
-      const AffineIndex<false> index{FastDivmod(), FastDivmod(), inner, outer, shape.C, kV};
-      channel_affine_kernel<T, kV, kCl, kShift, false><<<blocks, kThreads, 0, stream>>>(out, a, s, d, vectors, index);
-    }
+    const AffineIndex index{IndexDivider(inner, vectors), IndexDivider(outer, vectors), shape.C};
+    channel_affine_kernel<T, kV, kCl, kShift>
+        <<<grid_stride_blocks(vectors), kThreads, 0, stream>>>(out, a, s, d, vectors, index);
   };
   using Cl = std::true_type;
   using Nchw = std::false_type;

@@ -2,7 +2,7 @@
 // and Montgomery, "Division by invariant integers using multiplication", 1994): for the index math of
 // kernels that map a flat index to (row, column). On the GPU a 64-bit `/` or `%` is a call to a
 // ~100-instruction subroutine, per use; this is 3 instructions. Exact for every dividend and divisor
-// below 2^31 (tested on the host: tests/test_fast_divmod.py); callers keep a 64-bit path beyond.
+// below 2^31 (tested on the host: tests/test_fast_divmod.py); IndexDivider keeps a 64-bit path beyond.
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -36,6 +36,26 @@ struct FastDivmod {
   }
 
   C10_HOST_DEVICE uint32_t mod(uint32_t n) const { return n - div(n) * divisor; }
+};
+
+// n / d and n % d for a kernel's index math (0 <= n <= max_dividend): FastDivmod when every dividend
+// and d stay below 2^31, else 64-bit division. The choice is made once, at launch, so the branch is the
+// same for every thread.
+struct IndexDivider {
+  FastDivmod fast;
+  int64_t divisor = 1;
+  bool use_fast = true;
+
+  IndexDivider() = default;
+  IndexDivider(int64_t d, int64_t max_dividend)
+      : divisor(d), use_fast(d < kFastDivmodLimit && max_dividend < kFastDivmodLimit) {
+    if (use_fast) fast = FastDivmod(static_cast<uint32_t>(d));
+  }
+
+  C10_HOST_DEVICE int64_t div(int64_t n) const {
+    return use_fast ? static_cast<int64_t>(fast.div(static_cast<uint32_t>(n))) : n / divisor;
+  }
+  C10_HOST_DEVICE int64_t mod(int64_t n) const { return n - div(n) * divisor; }
 };
 
 }  // namespace fastops
