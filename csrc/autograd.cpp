@@ -12,10 +12,10 @@
 // own registration (Python, fastops/ops/*.py: gelu'' and the clamp's second derivative) records the
 // graph (depthwise's backward ops have none, as before). Each op's fake kernel stays in Python, and
 // its autocast rule where it was (Python, or csrc/autocast.cpp for depthwise).
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fastops/checks.h>
+#include <fastops/op_handle.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -29,11 +29,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 using GeluSig = at::Tensor(const at::Tensor&, c10::string_view);
 using GeluBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view);

@@ -17,7 +17,6 @@
 // are those of the composed form step for step (the same ATen kernels in the same order), but for
 // the summation order inside our FC kernels.
 #include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -33,6 +32,7 @@
 #include <ATen/ops/threshold_backward.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fastops/op_handle.h>
 #include <fastops/squeeze_excite.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
@@ -95,30 +95,24 @@ std::tuple<at::Tensor, at::Tensor> linear_backward(const at::Tensor& grad, const
 
 // The memory passes, through the dispatcher so each device's kernel runs.
 at::Tensor pool(const at::Tensor& x) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::squeeze_excite_pool", "")
-                       .typed<at::Tensor(const at::Tensor&)>();
+  static const auto op = find_op<at::Tensor(const at::Tensor&)>("fastops::squeeze_excite_pool");
   return op.call(x);
 }
 
 at::Tensor scale_pass(const at::Tensor& x, const at::Tensor& scale) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::squeeze_excite_scale", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fastops::squeeze_excite_scale");
   return op.call(x, scale);
 }
 
 at::Tensor reduce_pass(const at::Tensor& grad_out, const at::Tensor& x) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::squeeze_excite_backward_reduce", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  static const auto op =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fastops::squeeze_excite_backward_reduce");
   return op.call(grad_out, x);
 }
 
 at::Tensor input_pass(const at::Tensor& grad_out, const at::Tensor& scale, const at::Tensor& grad_pool) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::squeeze_excite_backward_input", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
+      "fastops::squeeze_excite_backward_input");
   return op.call(grad_out, scale, grad_pool);
 }
 
@@ -212,11 +206,10 @@ using BlockOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, 
 BlockOutputs forward_op(const at::Tensor& x, const at::Tensor& fc1_weight, const std::optional<at::Tensor>& fc1_bias,
                         const at::Tensor& fc2_weight, const std::optional<at::Tensor>& fc2_bias, c10::string_view act,
                         c10::string_view gate) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fastops::squeeze_excite_forward", "")
-          .typed<BlockOutputs(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                              const std::optional<at::Tensor>&, c10::string_view, c10::string_view)>();
+  static const auto op =
+      find_op<BlockOutputs(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                           const std::optional<at::Tensor>&, c10::string_view, c10::string_view)>(
+          "fastops::squeeze_excite_forward");
   return op.call(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate);
 }
 
@@ -226,11 +219,10 @@ BlockGrads backward_op(const at::Tensor& grad_out, const at::Tensor& x, const at
                        const at::Tensor& fc2_weight, const at::Tensor& pooled, const at::Tensor& hidden,
                        const at::Tensor& activated, const at::Tensor& pre_gate, const at::Tensor& scale,
                        c10::string_view act, c10::string_view gate, bool input_grad) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fastops::squeeze_excite_backward", "")
-                       .typed<BlockGrads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, c10::string_view, c10::string_view, bool)>();
+  static const auto op =
+      find_op<BlockGrads(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, c10::string_view,
+                         c10::string_view, bool)>("fastops::squeeze_excite_backward");
   return op.call(grad_out, x, fc1_weight, fc2_weight, pooled, hidden, activated, pre_gate, scale, act, gate,
                  input_grad);
 }
