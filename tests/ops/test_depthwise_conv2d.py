@@ -321,6 +321,39 @@ def test_channels_last_large_outputs_stream_the_same_values(case: tuple[int, ...
     torch.testing.assert_close(whole.double(), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
+def test_half_outputs_are_the_fp32_sums_rounded(layout: str, dtype: torch.dtype) -> None:
+    """CPU fp16/bf16 sum in fp32 like the fp32 kernels (same taps, same order) and narrow once: the
+    forward and input gradient equal the fp32 kernels' results on the widened inputs, rounded by
+    torch, bit for bit. Half the channels are scaled to 2^-130, so that bf16 results are subnormal
+    (the AVX512_BF16 instruction would flush those; its vectors take at::vec's rounding) and fp16
+    results are zero or subnormal too; a NaN and an inf input propagate as in fp32."""
+    tiny = 2.0**-130 if dtype == torch.bfloat16 else 2.0**-20
+    x, g = torch.randn(2, 32, 11, 13), torch.randn(2, 32, 11, 13)
+    x[:, 16:] *= tiny
+    g[:, 16:] *= tiny
+    x[0, 3, 4, 5], x[1, 7, 2, 2] = float("nan"), float("inf")
+    x, g = _layout(x.to(dtype), layout), _layout(g.to(dtype), layout)
+    weight, bias = torch.randn(32, 1, 3, 3).to(dtype), torch.randn(32).to(dtype)
+    bias[16:] = 0
+    args = ([1, 1], [1, 1, 1, 1], [1, 1], layout == "channels_last")
+
+    def both(xx: torch.Tensor, ww: torch.Tensor, bb: torch.Tensor, gg: torch.Tensor) -> list[torch.Tensor]:
+        y = fastops.depthwise_conv2d(xx, ww, bb, 1, 1, 1)
+        dx = torch.ops.fastops.depthwise_conv2d_backward_input(gg, ww, list(gg.shape), *args)
+        return [y, dx]
+
+    ours = both(x, weight, bias, g)
+    widened = both(x.float(), weight.float(), bias.float(), g.float())
+    assert any(((r != 0) & (r.abs() < torch.finfo(dtype).tiny)).any() for r in ours), "no subnormal result"
+    for got, want in zip(ours, widened, strict=True):
+        assert got.dtype == dtype
+        assert torch.equal(got.isnan(), want.isnan())
+        finite = ~want.isnan()
+        assert torch.equal(got[finite], want.to(dtype)[finite])
+
+
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
 @pytest.mark.parametrize("layout", ("contiguous", "channels_last"))
 def test_cuda_weight_gradient_is_bitwise_repeatable(layout: str) -> None:

@@ -56,6 +56,35 @@ inline void static_for(F&& f) {
   }(std::make_integer_sequence<int, N>{});
 }
 
+// ---- AVX512_BF16, where the CPU has it ---------------------------------------------------------
+// The AVX-512 build does not assume the extension (Skylake-X to Ice Lake lack it): its instructions
+// are inline assembly, used only where CPUID says the CPU has them (see the narrowing section below
+// for how their rounding differs from at::vec's). FASTOPS_AVX512_BF16=0 in the environment (read
+// once) turns them off, to test the other path.
+#if defined(CPU_CAPABILITY_AVX512)
+inline bool detect_avx512_bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16 (the AVX-512 register state is already enabled: this
+  // build runs only where avx512f is usable).
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
+  const char* env = std::getenv("FASTOPS_AVX512_BF16");
+  return env == nullptr || std::string_view(env) != "0";
+}
+
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = detect_avx512_bf16();
+  return has;
+}
+
+// 16 fp32 lanes narrowed to bf16 by VCVTNEPS2BF16 into out; false (out untouched) when a lane is
+// subnormal, which the instruction reads as zero and at::vec rounds.
+C10_ALWAYS_INLINE bool narrow_bf16_avx512(const __m512 v, __m256i& out) {
+  if (C10_UNLIKELY(_mm512_fpclass_ps_mask(v, 0x20) != 0)) return false;  // 0x20: denormal
+  asm("vcvtneps2bf16 %[in], %[out]" : [out] "=v"(out) : [in] "v"(v));
+  return true;
+}
+#endif
+
 // ---- loads and stores in opmath ------------------------------------------------------------------
 
 template <typename T>
@@ -81,6 +110,21 @@ inline OpmathVec<T> load_opmath(const T* p, int64_t count) {
 
 template <typename T>
 inline void store_opmath(T* p, const OpmathVec<T>& v, int64_t count) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // One instruction instead of at::vec's integer rounding (~10 per vector), which made the bf16
+  // depthwise forward's narrowing cost about as much as its FMAs.
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    __m256i narrow;
+    if (cpu_has_avx512_bf16() && narrow_bf16_avx512(v, narrow)) {
+      if (count >= 16) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow);
+      } else {
+        _mm256_mask_storeu_epi16(p, static_cast<__mmask16>((1u << count) - 1), narrow);
+      }
+      return;
+    }
+  }
+#endif
   if constexpr (is_reduced_float_v<T>) {
     constexpr int64_t n = at::vec::Vectorized<float>::size();
     at::vec::convert_from_float<T>(v, v).store(p, std::min(count, n));
@@ -170,9 +214,8 @@ inline void stream_fence() {
 // payload (quieted; still a NaN, as torch's scalar conversion gives 0x7FC0 and its vector one 0xFFFF), and
 // subnormal inputs are read as zero where rounding gives a subnormal bf16 (bf16 shares fp32's exponent
 // range, so only subnormal fp32 values give subnormal bf16). A vector holding any subnormal lane
-// (VFPCLASSPS) therefore takes at::vec's conversion. The AVX-512 build does not assume the extension
-// (Skylake-X to Ice Lake lack it): the instruction is inline assembly, used only where CPUID says the
-// CPU has it. FASTOPS_AVX512_BF16=0 in the environment (read once) turns it off, to test the other path.
+// (VFPCLASSPS) therefore takes at::vec's conversion. store_opmath narrows one vector the same way
+// (VCVTNEPS2BF16, narrow_bf16_avx512).
 
 template <typename T>
 struct NarrowAtVec {
@@ -183,20 +226,6 @@ struct NarrowAtVec {
 };
 
 #if defined(CPU_CAPABILITY_AVX512)
-inline bool detect_avx512_bf16() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16 (the AVX-512 register state is already enabled: this
-  // build runs only where avx512f is usable).
-  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
-  const char* env = std::getenv("FASTOPS_AVX512_BF16");
-  return env == nullptr || std::string_view(env) != "0";
-}
-
-inline bool cpu_has_avx512_bf16() {
-  static const bool has = detect_avx512_bf16();
-  return has;
-}
-
 struct NarrowBf16Avx512 {
   C10_ALWAYS_INLINE at::vec::Vectorized<c10::BFloat16> operator()(const at::vec::Vectorized<float>& lo,
                                                                   const at::vec::Vectorized<float>& hi) const {
