@@ -79,8 +79,9 @@ struct Pointers {
 // Runs math over elements [begin, end) of one tensor: full vectors, then one partial vector. The
 // pointers and math are copied to locals first: a vector store may alias any memory (the intrinsic
 // types are may_alias), so anything read through a reference would be reloaded after every store.
-template <typename T, bool kUnscale, typename Math>
-void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math& math_ref) {
+// narrow(lo, hi): fp32 halves to one Vectorized<T> for fp16/bf16 (with_narrowing's choice).
+template <typename T, bool kUnscale, typename Math, typename Narrow>
+void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math& math_ref, const Narrow& narrow) {
   using MV = at::vec::Vectorized<opmath_t<T>>;
   using TV = at::vec::Vectorized<T>;
   constexpr int64_t width = TV::size();
@@ -126,13 +127,13 @@ void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math
       auto [x0, x1] = at::vec::convert_to_float<T>(xt);
       math.template moments<kUnscale>(p0, g0, m0, v0, x0);
       math.template moments<kUnscale>(p1, g1, m1, v1, x1);
-      store(at::vec::convert_from_float<T>(m0, m1), m);
-      store(at::vec::convert_from_float<T>(v0, v1), v);
-      if constexpr (ams) store(at::vec::convert_from_float<T>(x0, x1), vmax);
-      if constexpr (kUnscale) store(at::vec::convert_from_float<T>(g0, g1), g);
+      store(narrow(m0, m1), m);
+      store(narrow(v0, v1), v);
+      if constexpr (ams) store(narrow(x0, x1), vmax);
+      if constexpr (kUnscale) store(narrow(g0, g1), g);
       math.param(p0, m0, v0, x0);
       math.param(p1, m1, v1, x1);
-      store(at::vec::convert_from_float<T>(p0, p1), p);
+      store(narrow(p0, p1), p);
     } else {
       MV pm = pt, gm = gt, mm = mt, vm = vt, xm = xt;
       math.template moments<kUnscale>(pm, gm, mm, vm, xm);
@@ -191,15 +192,17 @@ void run_dtype_group(const adam::Work& w, const std::vector<size_t>& idx, const 
   base.eps = V(static_cast<M>(h.eps));
   base.maximize_sign = V(h.maximize ? M(-0.0) : M(0.0));
 
-  multi_tensor::parallel_over_tensors(offsets, kGrain, [&](size_t k, int64_t begin, int64_t end) {
-    AdamMath<M, kDecay, kAmsgrad> math = base;
-    math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
-    math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
-    if (unscale) {
-      update_range<T, true>(ptrs[k], begin, end, math);
-    } else {
-      update_range<T, false>(ptrs[k], begin, end, math);
-    }
+  with_narrowing<T>([&](const auto narrow) {
+    multi_tensor::parallel_over_tensors(offsets, kGrain, [&](size_t k, int64_t begin, int64_t end) {
+      AdamMath<M, kDecay, kAmsgrad> math = base;
+      math.bias_correction2 = V(static_cast<M>(scalars[idx[k]].bias_correction2));
+      math.neg_step_size = V(static_cast<M>(-scalars[idx[k]].step_size));
+      if (unscale) {
+        update_range<T, true>(ptrs[k], begin, end, math, narrow);
+      } else {
+        update_range<T, false>(ptrs[k], begin, end, math, narrow);
+      }
+    });
   });
 }
 
