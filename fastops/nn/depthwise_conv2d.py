@@ -315,9 +315,9 @@ _CL_AVX2 = "benchmarks/results/swap_policy_cpu_dw_cl_avx2_threads1.md"
 _NCHW_BLOCKED = "benchmarks/results/depthwise_conv2d_cpu_nchw_blocked.md"
 # The main job's own ConvNet (digits: 16x16 input, 32-128 channels, batch 64), both layouts.
 _DIGITS_AVX512 = "benchmarks/results/swap_policy_cpu_dw_digits_threads1.md"
+_DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
 # channels_last bf16 training after the one-instruction bf16 stores (2026-11-28; a recheck beside it).
 _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.md"
-_DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
 
 
 def _out_side(case: policy.Case) -> int:

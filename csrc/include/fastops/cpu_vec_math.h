@@ -112,7 +112,9 @@ template <typename T>
 inline void store_opmath(T* p, const OpmathVec<T>& v, int64_t count) {
 #if defined(CPU_CAPABILITY_AVX512)
   // One instruction instead of at::vec's integer rounding (~10 per vector), which made the bf16
-  // depthwise forward's narrowing cost about as much as its FMAs.
+  // depthwise forward's narrowing cost about as much as its FMAs. Unlike the elementwise loops
+  // (with_narrowing, below), the test runs per vector: the callers are register-block templates, and
+  // a narrowing parameter would double their instantiations for one predictable branch on a flag.
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     __m256i narrow;
     if (cpu_has_avx512_bf16() && narrow_bf16_avx512(v, narrow)) {
@@ -204,8 +206,8 @@ inline void stream_fence() {
 }
 
 // ---- fp32 -> fp16/bf16 narrowing of two vectors -------------------------------------------------
-// The elementwise loops narrow through a functor chosen once per call (with_narrowing), so that a
-// faster instruction found at run time costs no test per vector.
+// The elementwise loops and the CPU Adam step narrow through a functor chosen once per call
+// (with_narrowing), so that a faster instruction found at run time costs no test per vector.
 //
 // at::vec narrows fp32 to bf16 in integer arithmetic (round to nearest even, NaN to 0xFFFF): about 8
 // instructions per 16 lanes plus a pack and a permute, a third of a bf16 gelu forward. AVX512_BF16's
