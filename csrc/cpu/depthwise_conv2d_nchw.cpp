@@ -26,7 +26,11 @@
 #include <fastops/depthwise_cpu.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace fastops::cpu {
@@ -574,6 +578,370 @@ bool use_blocked(const DepthwiseGeometry& g, const BlockedGeom& b) {
   return g.KW > 3 || g.sw > 1 || b.OW <= 16;
 }
 
+// ---- small planes in registers (fp32, AVX-512, stride 1) ----------------------------------------
+// Rows at most 16 wide: a vector holds R = 16 / W whole rows, and the plane's vectors are contiguous
+// runs of its NCHW storage (R*W elements; the last one zero-filled), so they load and store without a
+// transpose. At stride 1, with output rows as wide as the input's, output (i, j) reads source
+// (i + c, j + e) for each tap's offsets (c, e); for every lane of output vector k that source lies in
+// vector k + floor(c / R) or the one after. A tap is then one two-source permute (VPERMT2PS, zero
+// where the column leaves the plane) and one FMA per 16 outputs: no per-row setup and no transposes,
+// which is what the phase planes (per-plane setup, partial rows) and the channel-blocked path (two
+// transposes of ~0.5 shuffle per element) pay on maps of 4x4 to 16x16. Vectors outside the plane
+// are zero, so the rows past its edges read zeros. The forward, the input gradient (the offsets
+// negated) and the weight gradient (the forward's reads of x times grad_output) share one plan.
+#if defined(CPU_CAPABILITY_AVX512)
+struct RegisterTap {
+  std::array<int32_t, 16> idx;  // lane of the pair (first vector: 0-15, second: 16-31)
+  int64_t off;                  // the pair's first vector, relative to the output vector
+  __mmask16 inside;             // lanes whose source column lies in the plane
+  bool plain;                   // every lane reads its own lane of the first vector: no permute
+};
+
+struct RegisterPlan {
+  int64_t lanes;                     // R * W elements per vector
+  int64_t src_hw, dst_hw;            // plane sizes
+  int64_t src_vectors, dst_vectors;  // vectors per plane
+  int64_t first, span;               // buffer slot 0 holds source vector `first` (<= 0); slots in all
+  std::vector<RegisterTap> taps;
+};
+
+inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// Plans dst (dst_h x W) from src (src_h x W), tap t reading source (i + offsets[t].first,
+// j + offsets[t].second) for output (i, j).
+RegisterPlan register_plan(int64_t src_h, int64_t dst_h, int64_t W,
+                           const std::vector<std::pair<int64_t, int64_t>>& offsets) {
+  const int64_t R = 16 / W;
+  RegisterPlan p;
+  p.lanes = R * W;
+  p.src_hw = src_h * W;
+  p.dst_hw = dst_h * W;
+  p.src_vectors = div_up(src_h, R);
+  p.dst_vectors = div_up(dst_h, R);
+  int64_t lo = 0, hi = p.src_vectors;
+  for (const auto& [c, e] : offsets) {
+    RegisterTap t{};
+    t.off = floor_div(c, R);
+    uint32_t inside = 0;
+    for (int64_t l = 0; l < p.lanes; ++l) {
+      const int64_t rel = l / W + c - t.off * R;  // source row relative to vector off's first row
+      const int64_t col = l % W + e;
+      t.idx[l] = static_cast<int32_t>((rel / R) * 16 + (rel % R) * W + std::clamp<int64_t>(col, 0, W - 1));
+      if (col >= 0 && col < W) inside |= 1u << l;
+    }
+    t.inside = static_cast<__mmask16>(inside);
+    t.plain = true;
+    for (int64_t l = 0; l < p.lanes; ++l) t.plain = t.plain && t.idx[l] == l && ((inside >> l) & 1);
+    lo = std::min(lo, t.off);
+    hi = std::max(hi, p.dst_vectors + t.off + 1);
+    p.taps.push_back(t);
+  }
+  p.first = lo;
+  p.span = hi - lo;
+  return p;
+}
+
+// The lanes of vector v of a plane of hw elements: R*W, fewer in the last vector.
+inline __mmask16 vector_lanes(const RegisterPlan& p, int64_t hw, int64_t v) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(hw - v * p.lanes, 0, p.lanes)) - 1);
+}
+
+// slots[v - first] = source vector v: the plane's vectors, zero outside (the zeros are written by
+// the caller once per task; this rewrites only the plane's slots).
+inline void load_register_plane(__m512* slots, const float* src, const RegisterPlan& p) {
+  for (int64_t v = 0; v < p.src_vectors; ++v) {
+    slots[v - p.first] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), src + v * p.lanes);
+  }
+}
+
+// The tap for the output vector whose first source vector is at `at` (lanes past R*W are never
+// stored or summed, so a plain tap may leave them unmasked).
+C10_ALWAYS_INLINE __m512 register_tap(const __m512* at, const RegisterTap& t, const __m512i idx) {
+  if (t.plain) return at[0];
+  return _mm512_maskz_permutex2var_ps(t.inside, at[0], idx, at[1]);
+}
+
+// B output vectors at once (B independent FMA chains: one chain of taps per vector waits on the FMA
+// latency, 4 cycles a tap on Zen 4). Vector u is vector k[u] of the plane whose source vectors are
+// in slots[u], with weights wc[u] and initial value init[u].
+// Four output vectors at once (four independent FMA chains; one chain of taps per vector waits on the
+// FMA latency). Vector u's taps read base[u] + off, with weights wc[u]; the first m are stored. The
+// accumulators are named variables: as an array GCC kept them on the stack, a store and a reload per
+// tap, which tripled the time.
+C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* base, const float* const* wc,
+                                        const float* init, const __mmask16* store, int64_t m, const RegisterPlan& p) {
+  __m512 acc0 = _mm512_set1_ps(init[0]), acc1 = _mm512_set1_ps(init[1]), acc2 = _mm512_set1_ps(init[2]),
+         acc3 = _mm512_set1_ps(init[3]);
+  const __m512 *b0 = base[0], *b1 = base[1], *b2 = base[2], *b3 = base[3];
+  const float *w0 = wc[0], *w1 = wc[1], *w2 = wc[2], *w3 = wc[3];
+  const int64_t taps = static_cast<int64_t>(p.taps.size());
+  for (int64_t t = 0; t < taps; ++t) {
+    const RegisterTap& tap = p.taps[t];
+    const int64_t o = tap.off;
+    if (tap.plain) {
+      acc0 = _mm512_fmadd_ps(b0[o], _mm512_set1_ps(w0[t]), acc0);
+      acc1 = _mm512_fmadd_ps(b1[o], _mm512_set1_ps(w1[t]), acc1);
+      acc2 = _mm512_fmadd_ps(b2[o], _mm512_set1_ps(w2[t]), acc2);
+      acc3 = _mm512_fmadd_ps(b3[o], _mm512_set1_ps(w3[t]), acc3);
+    } else {
+      const __m512i idx = _mm512_loadu_si512(tap.idx.data());
+      const __mmask16 k = tap.inside;
+      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b0[o], idx, b0[o + 1]), _mm512_set1_ps(w0[t]), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b1[o], idx, b1[o + 1]), _mm512_set1_ps(w1[t]), acc1);
+      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b2[o], idx, b2[o + 1]), _mm512_set1_ps(w2[t]), acc2);
+      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b3[o], idx, b3[o + 1]), _mm512_set1_ps(w3[t]), acc3);
+    }
+  }
+  _mm512_mask_storeu_ps(out[0], store[0], acc0);
+  if (m > 1) _mm512_mask_storeu_ps(out[1], store[1], acc1);
+  if (m > 2) _mm512_mask_storeu_ps(out[2], store[2], acc2);
+  if (m > 3) _mm512_mask_storeu_ps(out[3], store[3], acc3);
+}
+
+// Four planes of one vector each (maps to 16 elements, e.g. 4x4), the plane in a register and the
+// vectors around it zero: no buffer.
+C10_ALWAYS_INLINE void register_single_vectors(float* const* out, const float* const* in, const float* const* wc,
+                                               const float* init, const RegisterPlan& p) {
+  const __mmask16 ld = vector_lanes(p, p.src_hw, 0), st = vector_lanes(p, p.dst_hw, 0);
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 x0 = _mm512_maskz_loadu_ps(ld, in[0]), x1 = _mm512_maskz_loadu_ps(ld, in[1]),
+               x2 = _mm512_maskz_loadu_ps(ld, in[2]), x3 = _mm512_maskz_loadu_ps(ld, in[3]);
+  __m512 acc0 = _mm512_set1_ps(init[0]), acc1 = _mm512_set1_ps(init[1]), acc2 = _mm512_set1_ps(init[2]),
+         acc3 = _mm512_set1_ps(init[3]);
+  const float *w0 = wc[0], *w1 = wc[1], *w2 = wc[2], *w3 = wc[3];
+  const int64_t taps = static_cast<int64_t>(p.taps.size());
+  for (int64_t t = 0; t < taps; ++t) {
+    const RegisterTap& tap = p.taps[t];
+    const __m512i idx = _mm512_loadu_si512(tap.idx.data());
+    const __mmask16 k = tap.inside;
+    if (tap.off == 0) {  // the plane is the pair's first vector (off is 0 or -1 here)
+      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x0, idx, zero), _mm512_set1_ps(w0[t]), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x1, idx, zero), _mm512_set1_ps(w1[t]), acc1);
+      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x2, idx, zero), _mm512_set1_ps(w2[t]), acc2);
+      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x3, idx, zero), _mm512_set1_ps(w3[t]), acc3);
+    } else {
+      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x0), _mm512_set1_ps(w0[t]), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x1), _mm512_set1_ps(w1[t]), acc1);
+      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x2), _mm512_set1_ps(w2[t]), acc2);
+      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x3), _mm512_set1_ps(w3[t]), acc3);
+    }
+  }
+  _mm512_mask_storeu_ps(out[0], st, acc0);
+  _mm512_mask_storeu_ps(out[1], st, acc1);
+  _mm512_mask_storeu_ps(out[2], st, acc2);
+  _mm512_mask_storeu_ps(out[3], st, acc3);
+}
+
+// dst planes = init[c] + sum_t w[c, t] * tap t of the src planes; planes in (n, c) order. Output
+// vectors run 4 at a time: those of one plane where it has 4 or more (one set of weights), else the
+// vectors of a group of planes.
+void register_conv(float* dst, const float* src, const float* w, const float* init, int64_t planes, int64_t C,
+                   const RegisterPlan& p) {
+  constexpr int64_t kChains = 4;
+  const int64_t taps = static_cast<int64_t>(p.taps.size());
+  const int64_t V = p.dst_vectors;
+  const int64_t group = V >= kChains ? 1 : div_up(kChains, V);  // planes per group
+  const int64_t grain = std::max<int64_t>(group, round_up(div_up(4096, std::max<int64_t>(p.dst_hw, 1)), group));
+  // A plane of one vector whose taps read only it and the zero vectors on either side.
+  bool single = V == 1 && p.src_vectors == 1;
+  for (const RegisterTap& t : p.taps) single = single && (t.off == 0 || t.off == -1);
+  at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
+    std::vector<__m512> buf(group * p.span, _mm512_setzero_ps());
+    float* out[kChains];
+    const __m512* base[kChains];  // the output vector's slot: its taps read base + off
+    const float* wc[kChains];
+    float b[kChains];
+    __mmask16 store[kChains];
+    int64_t c = begin % C;
+    // Fills entry u for plane `plane` (channel c), and steps c.
+    const auto set_plane = [&](int64_t u, int64_t plane) {
+      out[u] = dst + plane * p.dst_hw;
+      wc[u] = w + c * taps;
+      b[u] = init ? init[c] : 0.f;
+      c = c + 1 == C ? 0 : c + 1;
+    };
+    int64_t plane = begin;
+    if (single) {
+      const float* in[kChains];
+      for (; plane + kChains <= end; plane += kChains) {
+        for (int64_t u = 0; u < kChains; ++u) {
+          set_plane(u, plane + u);
+          in[u] = src + (plane + u) * p.src_hw;
+        }
+        register_single_vectors(out, in, wc, b, p);
+      }
+    }
+    if (group == 1) {
+      for (; plane < end; ++plane) {
+        load_register_plane(buf.data(), src + plane * p.src_hw, p);
+        set_plane(0, plane);
+        float* y = out[0];
+        for (int64_t u = 1; u < kChains; ++u) {
+          wc[u] = wc[0];
+          b[u] = b[0];
+        }
+        for (int64_t k = 0; k < V; k += kChains) {
+          const int64_t m = std::min(kChains, V - k);
+          for (int64_t u = 0; u < kChains; ++u) {
+            const int64_t ku = k + std::min(u, m - 1);
+            out[u] = y + ku * p.lanes;
+            base[u] = buf.data() + (ku - p.first);
+            store[u] = vector_lanes(p, p.dst_hw, ku);
+          }
+          register_vectors(out, base, wc, b, store, m, p);
+        }
+      }
+      return;
+    }
+    while (plane < end) {
+      const int64_t count = std::min(group, end - plane);
+      int64_t m = 0;
+      for (int64_t i = 0; i < count; ++i, ++plane) {
+        load_register_plane(buf.data() + i * p.span, src + plane * p.src_hw, p);
+        const int64_t ci = c;
+        c = c + 1 == C ? 0 : c + 1;
+        for (int64_t k = 0; k < V; ++k) {
+          out[m] = dst + plane * p.dst_hw + k * p.lanes;
+          base[m] = buf.data() + i * p.span + (k - p.first);
+          wc[m] = w + ci * taps;
+          b[m] = init ? init[ci] : 0.f;
+          store[m] = vector_lanes(p, p.dst_hw, k);
+          if (++m == kChains) {
+            register_vectors(out, base, wc, b, store, m, p);
+            m = 0;
+          }
+        }
+      }
+      if (m > 0) {
+        for (int64_t u = m; u < kChains; ++u) {  // spare chains repeat entry 0 and are not stored
+          base[u] = base[0];
+          wc[u] = wc[0];
+          b[u] = b[0];
+        }
+        register_vectors(out, base, wc, b, store, m, p);
+      }
+    }
+  });
+}
+
+// The 16 vectors' lane sums in one vector, by a transposing tree (45 instructions against ~8 per
+// vector reduced alone); lane l holds the sum of v[reduced_lane_source()[l]].
+inline __m512 reduce16(const __m512 (&v)[16]) {
+  __m512 s8[8], s4[4], s2[2];
+  static_for<8>([&](auto i) {
+    const __m512 a = v[2 * i], b = v[2 * i + 1];
+    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  });
+  static_for<4>([&](auto i) {
+    const __m512 a = s8[2 * i], b = s8[2 * i + 1];
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+  });
+  static_for<2>([&](auto i) {
+    const __m512 a = s4[2 * i], b = s4[2 * i + 1];
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+  });
+  return _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], 0x88), _mm512_shuffle_ps(s2[0], s2[1], 0xDD));
+}
+
+// Which input vector each lane of reduce16's result sums (found once by reducing v[i] = i).
+inline const std::array<int32_t, 16>& reduced_lane_source() {
+  static const std::array<int32_t, 16> source = [] {
+    __m512 v[16];
+    for (int i = 0; i < 16; ++i) v[i] = _mm512_set1_ps(static_cast<float>(i));
+    alignas(64) float r[16];
+    _mm512_store_ps(r, reduce16(v));
+    std::array<int32_t, 16> s{};
+    for (int l = 0; l < 16; ++l) s[l] = static_cast<int32_t>(r[l] / 16.f);
+    return s;
+  }();
+  return source;
+}
+
+// ws (planes, taps + 1): per plane, each tap's sum of g * x at that tap, then the sum of g. Taps run
+// 4 at a time (4 independent chains over the plane's vectors); the sums are reduced 16 at a time.
+void register_wgrad(float* ws, const float* x, const float* go, int64_t planes, const RegisterPlan& p) {
+  constexpr int64_t kChains = 4;
+  const int64_t taps = static_cast<int64_t>(p.taps.size());
+  const int64_t sums = round_up(taps + 1, 16);
+  const int64_t grain = std::max<int64_t>(1, div_up(4096, std::max<int64_t>(p.dst_hw, 1)));
+  const std::array<int32_t, 16>& source = reduced_lane_source();
+  at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
+    std::vector<__m512> buf(p.span, _mm512_setzero_ps()), gv(p.dst_vectors), acc(sums, _mm512_setzero_ps());
+    for (int64_t plane = begin; plane < end; ++plane) {
+      load_register_plane(buf.data(), x + plane * p.src_hw, p);
+      const float* gp = go + plane * p.dst_hw;
+      __m512 gsum = _mm512_setzero_ps();
+      for (int64_t k = 0; k < p.dst_vectors; ++k) {
+        gv[k] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, k), gp + k * p.lanes);
+        gsum = _mm512_add_ps(gsum, gv[k]);
+      }
+      int64_t t0 = 0;
+      for (; t0 + kChains <= taps; t0 += kChains) {
+        // Named accumulators (as an array GCC kept them on the stack).
+        const RegisterTap &q0 = p.taps[t0], &q1 = p.taps[t0 + 1], &q2 = p.taps[t0 + 2], &q3 = p.taps[t0 + 3];
+        const __m512i i0 = _mm512_loadu_si512(q0.idx.data()), i1 = _mm512_loadu_si512(q1.idx.data()),
+                      i2 = _mm512_loadu_si512(q2.idx.data()), i3 = _mm512_loadu_si512(q3.idx.data());
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t k = 0; k < p.dst_vectors; ++k) {
+          const __m512* at = buf.data() + (k - p.first);
+          const __m512 g = gv[k];
+          a0 = _mm512_fmadd_ps(g, register_tap(at + q0.off, q0, i0), a0);
+          a1 = _mm512_fmadd_ps(g, register_tap(at + q1.off, q1, i1), a1);
+          a2 = _mm512_fmadd_ps(g, register_tap(at + q2.off, q2, i2), a2);
+          a3 = _mm512_fmadd_ps(g, register_tap(at + q3.off, q3, i3), a3);
+        }
+        acc[t0] = a0;
+        acc[t0 + 1] = a1;
+        acc[t0 + 2] = a2;
+        acc[t0 + 3] = a3;
+      }
+      for (; t0 < taps; ++t0) {
+        __m512 a = _mm512_setzero_ps();
+        const RegisterTap& tap = p.taps[t0];
+        const __m512i idx = _mm512_loadu_si512(tap.idx.data());
+        for (int64_t k = 0; k < p.dst_vectors; ++k) {
+          a = _mm512_fmadd_ps(gv[k], register_tap(buf.data() + (k - p.first) + tap.off, tap, idx), a);
+        }
+        acc[t0] = a;
+      }
+      acc[taps] = gsum;
+      float* out = ws + plane * (taps + 1);
+      for (int64_t s0 = 0; s0 < sums; s0 += 16) {
+        alignas(64) float r[16];
+        _mm512_store_ps(r, reduce16(*reinterpret_cast<const __m512(*)[16]>(acc.data() + s0)));
+        for (int l = 0; l < 16; ++l) {
+          if (s0 + source[l] <= taps) out[s0 + source[l]] = r[l];
+        }
+      }
+    }
+  });
+}
+#endif
+
+#if defined(CPU_CAPABILITY_AVX512)
+// Where the register path applies: stride 1, rows to 16 wide, output rows as wide as the input's.
+bool use_register_plane(const DepthwiseGeometry& g) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FASTOPS_NCHW_REGISTER");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return enabled && g.sh == 1 && g.sw == 1 && g.W <= 16 && g.OW == g.W;
+}
+
+// The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
+// grad_output.
+std::vector<std::pair<int64_t, int64_t>> register_offsets(const DepthwiseGeometry& g, bool dgrad) {
+  std::vector<std::pair<int64_t, int64_t>> offsets;
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      const int64_t c = kh * g.dh - g.pt, e = kw * g.dw - g.pl;
+      offsets.emplace_back(dgrad ? -c : c, dgrad ? -e : e);
+    }
+  }
+  return offsets;
+}
+#endif
+
 // ---- the kernels ---------------------------------------------------------------------------------
 
 template <typename T>
@@ -591,6 +959,12 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
   const A* bp = bacc.defined() ? bacc.const_data_ptr<A>() : nullptr;
   const int64_t n_out = g.OH * pitch;
   if constexpr (std::is_same_v<T, float>) {
+#if defined(CPU_CAPABILITY_AVX512)
+    if (use_register_plane(g)) {
+      register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
+      return;
+    }
+#endif
     const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
     if (use_blocked(g, b)) {
       const std::vector<float> wt = blocked_weights(wp, g.C, taps, false);
@@ -628,6 +1002,12 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
   T* dxp = dx.data_ptr<T>();
   const A* wp = wacc.const_data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
+#if defined(CPU_CAPABILITY_AVX512)
+    if (use_register_plane(g)) {
+      register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_plan(g.OH, g.H, g.W, register_offsets(g, true)));
+      return;
+    }
+#endif
     // dx is the stride-1 forward, with the flipped kernel, of grad_output spread out by the stride
     // (zeros between its pixels) and padded by (K - 1) * d - p.
     const int64_t top = (g.KH - 1) * g.dh - g.pt, left = (g.KW - 1) * g.dw - g.pl;
@@ -683,6 +1063,14 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   if constexpr (std::is_same_v<T, float>) {
     // Small output planes only: each tap's sum runs over the plane in one chain per lane (two for
     // 3-wide rows of other kernels), so the plane bounds the fp32 rounding.
+#if defined(CPU_CAPABILITY_AVX512)
+    // Rows over 8 wide only (one row per vector): on 4x4 to 8x8 maps the per-plane reduction of the
+    // tap sums costs more than the blocked path's transposes (64x128x4x4: 270 us against 165).
+    if (use_register_plane(g) && g.W > 8) {
+      register_wgrad(wsp, xp, gp, g.N * g.C, register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
+      return ws;
+    }
+#endif
     const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
     if (g.OH * g.OW <= 256 && use_blocked(g, b)) {
       blocked_wgrad(wsp, xp, gp, g.N, g.C, b);

@@ -316,6 +316,8 @@ _NCHW_BLOCKED = "benchmarks/results/depthwise_conv2d_cpu_nchw_blocked.md"
 # The main job's own ConvNet (digits: 16x16 input, 32-128 channels, batch 64), both layouts.
 _DIGITS_AVX512 = "benchmarks/results/swap_policy_cpu_dw_digits_threads1.md"
 _DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
+# NCHW fp32 after the register path for rows to 16 wide (stride 1; 2026-11-28).
+_DIGITS_NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_threads1.md"
 # channels_last bf16 training after the one-instruction bf16 stores (2026-11-28; a recheck beside it).
 _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.md"
 
@@ -391,8 +393,9 @@ for _region in [
     ("avx512", False, _bf16, True, "kernels to 5x5, stride 1, outputs to 28x28", f"{_NCHW_AVX512}: 0.27-0.84x", lambda c: _kernel(c) <= 5 and not _strided(c) and _out_side(c) <= 28),
     ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.79-0.96x (one 1.12x)", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
     # Few channels on small maps (the digits ConvNet): where the wide MobileNetV2 layers above win.
-    ("avx512", False, _fp32, False, "3x3 kernels to 64 channels strided to outputs 8x8; 3x3 outputs to 4x4", f"{_DIGITS_AVX512}: 0.72-0.79x", lambda c: _kernel(c) <= 3 and ((_strided(c) and _channels(c) <= 64 and _out_side(c) <= 8) or _out_side(c) <= 4)),
-    ("avx512", False, _fp32, True, "3x3 kernels, outputs to 4x4", f"{_DIGITS_AVX512}: 0.79-0.82x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 4),
+    # Stride 1 to 4x4 left both regions with the register path (64x128x4x4: 1.29x inference, 1.21x training).
+    ("avx512", False, _fp32, False, "3x3 kernels strided, to 64 channels with outputs to 8x8 or any to outputs 4x4", f"{_DIGITS_AVX512}: 0.72-0.79x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and ((_channels(c) <= 64 and _out_side(c) <= 8) or _out_side(c) <= 4)),
+    ("avx512", False, _fp32, True, "3x3 kernels strided, outputs to 4x4", f"{_DIGITS_AVX512}: 0.82x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _out_side(c) <= 4),
     # channels_last: only the kernel sizes measured (3x3, 7x7; 5x5 runs ours), except bf16 inference
     # on AVX-512, where oneDNN's bf16 kernel wins at every size and kernel.
     ("avx512", True, _fp32, False, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.70-0.97x; {_DIGITS_AVX512}: 0.64-0.71x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),

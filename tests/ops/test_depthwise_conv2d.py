@@ -111,6 +111,22 @@ NCHW_BLOCKED_CASES = [
     (32, 40, 16, 16, 5, 1, 1, 2),  # the same with whole cache lines per 8-channel block (AVX2)
 ]
 
+# The fp32 NCHW register path (AVX-512, stride 1, rows to 16 wide as wide as the output's: R = 16 // W
+# rows per vector): one-vector planes in groups of 4 with a remainder, planes of 2-3 vectors grouped,
+# 4+ vectors per plane, one row per vector (taps without a permute; the weight gradient there too),
+# 14 of 16 lanes, asymmetric row padding, dilation, rows cut off at the top.
+NCHW_REGISTER_CASES = [
+    (9, 5, 4, 4, 3, 1, 1, 1),
+    (2, 7, 8, 8, 3, 1, 1, 1),
+    (2, 5, 16, 16, 3, 1, 1, 1),
+    (2, 3, 14, 14, 5, 1, 1, 2),
+    (3, 3, 7, 7, 3, 1, 1, 1),
+    (2, 3, 6, 5, 3, 1, 1, (2, 0, 1, 1)),
+    (2, 3, 11, 12, 3, 1, 2, (1, 3, 2, 2)),
+    (1, 4, 9, 3, 3, 1, 1, 1),
+    (2, 4, 5, 9, 3, 1, 1, (0, 0, 1, 1)),
+]
+
 GRID_CASES = _case_grid()
 CASES = GRID_CASES + EDGE_CASES + VECTOR_CASES
 LAYOUTS = ("contiguous", "channels_last", "sliced")
@@ -163,7 +179,8 @@ def _samples(
 def depthwise_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> Iterator[Sample]:
     """float64 (CPU): every case in every layout. Lower precisions: every 3rd grid case (rotating the
     layout), every edge case in each layout, every vector-kernel case in channels_last; fp32 and bf16
-    also the MobileNet-like and weight-gradient cases in both dense layouts (fp32 the bigger ones too).
+    also the MobileNet-like and weight-gradient cases in both dense layouts (fp32 the bigger ones, and
+    the NCHW blocked and register paths' cases, too).
     A few edge cases without bias."""
     if dtype == torch.float64:
         cases = [(c, layout) for c in CASES for layout in LAYOUTS]
@@ -178,6 +195,7 @@ def depthwise_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> I
     if dtype == torch.float32:
         cases += [(c, layout) for c in MOBILENET_FP32_CASES for layout in TWO_LAYOUTS]
         cases += [(c, layout) for c in NCHW_BLOCKED_CASES for layout in ("contiguous", "sliced")]
+        cases += [(c, layout) for c in NCHW_REGISTER_CASES for layout in ("contiguous", "sliced")]
     yield from _samples(cases, device, dtype, requires_grad)
     yield from _samples(
         [(c, "channels_last") for c in EDGE_CASES[:4]], device, dtype, requires_grad, bias=False
