@@ -698,38 +698,45 @@ C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* 
   if (m > 3) _mm512_mask_storeu_ps(out[3], store[3], acc3);
 }
 
-// Four planes of one vector each (maps to 16 elements, e.g. 4x4), the plane in a register and the
-// vectors around it zero: no buffer.
-C10_ALWAYS_INLINE void register_single_vectors(float* const* out, const float* const* in, const float* const* wc,
-                                               const float* init, const RegisterPlan& p) {
-  const __mmask16 ld = vector_lanes(p, p.src_hw, 0), st = vector_lanes(p, p.dst_hw, 0);
+// Planes of V <= 4 vectors whose taps read only vectors k - 1 and k (off -1 or 0; e.g. 3x3 on maps to
+// 8 wide): 4 / V planes at once with every vector in a register and zeros around them, no buffer.
+// Four output vectors, four chains; the accumulators are indexed by compile-time constants only.
+template <int V>
+C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* in, const float* const* wc,
+                                         const float* init, const RegisterPlan& p) {
+  constexpr int P = 4 / V;
   const __m512 zero = _mm512_setzero_ps();
-  const __m512 x0 = _mm512_maskz_loadu_ps(ld, in[0]), x1 = _mm512_maskz_loadu_ps(ld, in[1]),
-               x2 = _mm512_maskz_loadu_ps(ld, in[2]), x3 = _mm512_maskz_loadu_ps(ld, in[3]);
-  __m512 acc0 = _mm512_set1_ps(init[0]), acc1 = _mm512_set1_ps(init[1]), acc2 = _mm512_set1_ps(init[2]),
-         acc3 = _mm512_set1_ps(init[3]);
-  const float *w0 = wc[0], *w1 = wc[1], *w2 = wc[2], *w3 = wc[3];
+  __m512 x[P * V], acc[P * V];
+  static_for<P * V>([&](auto j) {
+    constexpr int i = j / V, v = j % V;
+    x[j] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), in[i] + v * p.lanes);
+    acc[j] = _mm512_set1_ps(init[i]);
+  });
   const int64_t taps = static_cast<int64_t>(p.taps.size());
   for (int64_t t = 0; t < taps; ++t) {
     const RegisterTap& tap = p.taps[t];
     const __m512i idx = _mm512_loadu_si512(tap.idx.data());
     const __mmask16 k = tap.inside;
-    if (tap.off == 0) {  // the plane is the pair's first vector (off is 0 or -1 here)
-      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x0, idx, zero), _mm512_set1_ps(w0[t]), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x1, idx, zero), _mm512_set1_ps(w1[t]), acc1);
-      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x2, idx, zero), _mm512_set1_ps(w2[t]), acc2);
-      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x3, idx, zero), _mm512_set1_ps(w3[t]), acc3);
+    if (tap.plain && tap.off == 0) {  // (a plain tap at off -1 reads vector k - 1: the permute below)
+      static_for<P * V>([&](auto j) { acc[j] = _mm512_fmadd_ps(x[j], _mm512_set1_ps(wc[j / V][t]), acc[j]); });
+    } else if (tap.off == 0) {
+      static_for<P * V>([&](auto j) {
+        constexpr int v = j % V;
+        const __m512 hi = v + 1 < V ? x[(j + 1) % (P * V)] : zero;
+        acc[j] = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x[j], idx, hi), _mm512_set1_ps(wc[j / V][t]), acc[j]);
+      });
     } else {
-      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x0), _mm512_set1_ps(w0[t]), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x1), _mm512_set1_ps(w1[t]), acc1);
-      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x2), _mm512_set1_ps(w2[t]), acc2);
-      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, zero, idx, x3), _mm512_set1_ps(w3[t]), acc3);
+      static_for<P * V>([&](auto j) {
+        constexpr int v = j % V;
+        const __m512 lo = v > 0 ? x[(j + P * V - 1) % (P * V)] : zero;
+        acc[j] = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, lo, idx, x[j]), _mm512_set1_ps(wc[j / V][t]), acc[j]);
+      });
     }
   }
-  _mm512_mask_storeu_ps(out[0], st, acc0);
-  _mm512_mask_storeu_ps(out[1], st, acc1);
-  _mm512_mask_storeu_ps(out[2], st, acc2);
-  _mm512_mask_storeu_ps(out[3], st, acc3);
+  static_for<P * V>([&](auto j) {
+    constexpr int i = j / V, v = j % V;
+    _mm512_mask_storeu_ps(out[i] + v * p.lanes, vector_lanes(p, p.dst_hw, v), acc[j]);
+  });
 }
 
 // dst planes = init[c] + sum_t w[c, t] * tap t of the src planes; planes in (n, c) order. Output
@@ -742,9 +749,10 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
   const int64_t V = p.dst_vectors;
   const int64_t group = V >= kChains ? 1 : div_up(kChains, V);  // planes per group
   const int64_t grain = std::max<int64_t>(group, round_up(div_up(4096, std::max<int64_t>(p.dst_hw, 1)), group));
-  // A plane of one vector whose taps read only it and the zero vectors on either side.
-  bool single = V == 1 && p.src_vectors == 1;
-  for (const RegisterTap& t : p.taps) single = single && (t.off == 0 || t.off == -1);
+  // Planes for register_resident.
+  bool resident = (V == 1 || V == 2 || V == 4) && p.src_vectors == V;
+  for (const RegisterTap& t : p.taps) resident = resident && (t.off == 0 || t.off == -1);
+  const int64_t per_call = kChains / V;  // planes per register_resident call
   at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
     std::vector<__m512> buf(group * p.span, _mm512_setzero_ps());
     float* out[kChains];
@@ -761,19 +769,22 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
       c = c + 1 == C ? 0 : c + 1;
     };
     int64_t plane = begin;
-    if (single) {
+    if (resident) {
       const float* in[kChains];
-      for (; plane + kChains <= end; plane += kChains) {
-        for (int64_t u = 0; u < kChains; ++u) {
+      for (; plane + per_call <= end; plane += per_call) {
+        for (int64_t u = 0; u < per_call; ++u) {
           set_plane(u, plane + u);
           in[u] = src + (plane + u) * p.src_hw;
         }
-        register_single_vectors(out, in, wc, b, p);
+        if (V == 1) register_resident<1>(out, in, wc, b, p);
+        if (V == 2) register_resident<2>(out, in, wc, b, p);
+        if (V == 4) register_resident<4>(out, in, wc, b, p);
       }
     }
     if (group == 1) {
       for (; plane < end; ++plane) {
         load_register_plane(buf.data(), src + plane * p.src_hw, p);
+        const __m512* slots = buf.data();
         set_plane(0, plane);
         float* y = out[0];
         for (int64_t u = 1; u < kChains; ++u) {
@@ -785,7 +796,7 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
           for (int64_t u = 0; u < kChains; ++u) {
             const int64_t ku = k + std::min(u, m - 1);
             out[u] = y + ku * p.lanes;
-            base[u] = buf.data() + (ku - p.first);
+            base[u] = slots + (ku - p.first);
             store[u] = vector_lanes(p, p.dst_hw, ku);
           }
           register_vectors(out, base, wc, b, store, m, p);
@@ -857,55 +868,113 @@ inline const std::array<int32_t, 16>& reduced_lane_source() {
   return source;
 }
 
-// ws (planes, taps + 1): per plane, each tap's sum of g * x at that tap, then the sum of g. Taps run
-// 4 at a time (4 independent chains over the plane's vectors); the sums are reduced 16 at a time.
-void register_wgrad(float* ws, const float* x, const float* go, int64_t planes, const RegisterPlan& p) {
+// Images per weight-gradient partial: each (block of images, channel) accumulates its planes lane-wise
+// and reduces once, so the reduction of the tap sums (a 16-vector tree and a scatter, more than a 4x4
+// plane's FMAs) is paid once per 8 planes. The blocks depend on N alone: bitwise repeatable.
+constexpr int64_t kWgradImages = 8;
+
+// The weight gradient of planes held in registers (register_resident's planes: V <= 4 vectors, taps
+// reading vectors k - 1 and k) with 9 taps (3x3), for the images [n0, n1) of channel c: no buffer, and
+// the 10 sums in registers.
+template <int V>
+void register_wgrad_resident3x3(float* out, const float* x, const float* go, int64_t n0, int64_t n1, int64_t c,
+                                int64_t C, const RegisterPlan& p) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512i idx[9];
+  static_for<9>([&](auto t) { idx[t] = _mm512_loadu_si512(p.taps[t].idx.data()); });
+  __m512 acc[16];
+  static_for<16>([&](auto t) { acc[t] = zero; });
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t plane = n * C + c;
+    __m512 xv[V], g[V];
+    static_for<V>([&](auto v) {
+      xv[v] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), x + plane * p.src_hw + v * p.lanes);
+      g[v] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, v), go + plane * p.dst_hw + v * p.lanes);
+      acc[9] = _mm512_add_ps(acc[9], g[v]);
+    });
+    static_for<9>([&](auto t) {
+      const RegisterTap& tap = p.taps[t];
+      static_for<V>([&](auto v) {
+        const __m512 lo = tap.off == 0 ? xv[v] : (v > 0 ? xv[(v + V - 1) % V] : zero);
+        const __m512 hi = tap.off == 0 ? (v + 1 < V ? xv[(v + 1) % V] : zero) : xv[v];
+        acc[t] = _mm512_fmadd_ps(g[v], _mm512_maskz_permutex2var_ps(tap.inside, lo, idx[t], hi), acc[t]);
+      });
+    });
+  }
+  alignas(64) float r[16];
+  _mm512_store_ps(r, reduce16(acc));
+  const std::array<int32_t, 16>& source = reduced_lane_source();
+  for (int l = 0; l < 16; ++l) {
+    if (source[l] <= 9) out[source[l]] = r[l];
+  }
+}
+
+// ws (ceil(N / kWgradImages), C, taps + 1): per block of images and channel, each tap's sum of g * x
+// at that tap, then the sum of g. Taps run 4 at a time (4 independent chains over a plane's vectors).
+void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64_t C, const RegisterPlan& p) {
   constexpr int64_t kChains = 4;
   const int64_t taps = static_cast<int64_t>(p.taps.size());
   const int64_t sums = round_up(taps + 1, 16);
-  const int64_t grain = std::max<int64_t>(1, div_up(4096, std::max<int64_t>(p.dst_hw, 1)));
+  const int64_t blocks = div_up(N, kWgradImages);
+  const int64_t grain = std::max<int64_t>(1, div_up(4096, std::max<int64_t>(p.dst_hw * kWgradImages, 1)));
   const std::array<int32_t, 16>& source = reduced_lane_source();
-  at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
-    std::vector<__m512> buf(p.span, _mm512_setzero_ps()), gv(p.dst_vectors), acc(sums, _mm512_setzero_ps());
-    for (int64_t plane = begin; plane < end; ++plane) {
-      load_register_plane(buf.data(), x + plane * p.src_hw, p);
-      const float* gp = go + plane * p.dst_hw;
-      __m512 gsum = _mm512_setzero_ps();
-      for (int64_t k = 0; k < p.dst_vectors; ++k) {
-        gv[k] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, k), gp + k * p.lanes);
-        gsum = _mm512_add_ps(gsum, gv[k]);
+  const int64_t V = p.dst_vectors;
+  bool resident3x3 = taps == 9 && (V == 1 || V == 2 || V == 4) && p.src_vectors == V;
+  for (const RegisterTap& t : p.taps) resident3x3 = resident3x3 && (t.off == 0 || t.off == -1);
+  at::parallel_for(0, blocks * C, grain, [&](int64_t begin, int64_t end) {
+    std::vector<__m512> buf(p.span, _mm512_setzero_ps()), gv(p.dst_vectors), acc(sums);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t block = task / C, c = task % C;
+      const int64_t n0 = block * kWgradImages, n1 = std::min(N, n0 + kWgradImages);
+      if (resident3x3) {
+        float* out = ws + task * (taps + 1);
+        if (p.dst_vectors == 1) register_wgrad_resident3x3<1>(out, x, go, n0, n1, c, C, p);
+        if (p.dst_vectors == 2) register_wgrad_resident3x3<2>(out, x, go, n0, n1, c, C, p);
+        if (p.dst_vectors == 4) register_wgrad_resident3x3<4>(out, x, go, n0, n1, c, C, p);
+        continue;
       }
-      int64_t t0 = 0;
-      for (; t0 + kChains <= taps; t0 += kChains) {
-        // Named accumulators (as an array GCC kept them on the stack).
-        const RegisterTap &q0 = p.taps[t0], &q1 = p.taps[t0 + 1], &q2 = p.taps[t0 + 2], &q3 = p.taps[t0 + 3];
-        const __m512i i0 = _mm512_loadu_si512(q0.idx.data()), i1 = _mm512_loadu_si512(q1.idx.data()),
-                      i2 = _mm512_loadu_si512(q2.idx.data()), i3 = _mm512_loadu_si512(q3.idx.data());
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      std::fill(acc.begin(), acc.end(), _mm512_setzero_ps());
+      for (int64_t n = n0; n < n1; ++n) {
+        const int64_t plane = n * C + c;
+        load_register_plane(buf.data(), x + plane * p.src_hw, p);
+        const float* gp = go + plane * p.dst_hw;
+        __m512 gsum = acc[taps];
         for (int64_t k = 0; k < p.dst_vectors; ++k) {
-          const __m512* at = buf.data() + (k - p.first);
-          const __m512 g = gv[k];
-          a0 = _mm512_fmadd_ps(g, register_tap(at + q0.off, q0, i0), a0);
-          a1 = _mm512_fmadd_ps(g, register_tap(at + q1.off, q1, i1), a1);
-          a2 = _mm512_fmadd_ps(g, register_tap(at + q2.off, q2, i2), a2);
-          a3 = _mm512_fmadd_ps(g, register_tap(at + q3.off, q3, i3), a3);
+          gv[k] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, k), gp + k * p.lanes);
+          gsum = _mm512_add_ps(gsum, gv[k]);
         }
-        acc[t0] = a0;
-        acc[t0 + 1] = a1;
-        acc[t0 + 2] = a2;
-        acc[t0 + 3] = a3;
-      }
-      for (; t0 < taps; ++t0) {
-        __m512 a = _mm512_setzero_ps();
-        const RegisterTap& tap = p.taps[t0];
-        const __m512i idx = _mm512_loadu_si512(tap.idx.data());
-        for (int64_t k = 0; k < p.dst_vectors; ++k) {
-          a = _mm512_fmadd_ps(gv[k], register_tap(buf.data() + (k - p.first) + tap.off, tap, idx), a);
+        acc[taps] = gsum;
+        int64_t t0 = 0;
+        for (; t0 + kChains <= taps; t0 += kChains) {
+          // Named accumulators (as an array GCC kept them on the stack).
+          const RegisterTap &q0 = p.taps[t0], &q1 = p.taps[t0 + 1], &q2 = p.taps[t0 + 2], &q3 = p.taps[t0 + 3];
+          const __m512i i0 = _mm512_loadu_si512(q0.idx.data()), i1 = _mm512_loadu_si512(q1.idx.data()),
+                        i2 = _mm512_loadu_si512(q2.idx.data()), i3 = _mm512_loadu_si512(q3.idx.data());
+          __m512 a0 = acc[t0], a1 = acc[t0 + 1], a2 = acc[t0 + 2], a3 = acc[t0 + 3];
+          for (int64_t k = 0; k < p.dst_vectors; ++k) {
+            const __m512* at = buf.data() + (k - p.first);
+            const __m512 g = gv[k];
+            a0 = _mm512_fmadd_ps(g, register_tap(at + q0.off, q0, i0), a0);
+            a1 = _mm512_fmadd_ps(g, register_tap(at + q1.off, q1, i1), a1);
+            a2 = _mm512_fmadd_ps(g, register_tap(at + q2.off, q2, i2), a2);
+            a3 = _mm512_fmadd_ps(g, register_tap(at + q3.off, q3, i3), a3);
+          }
+          acc[t0] = a0;
+          acc[t0 + 1] = a1;
+          acc[t0 + 2] = a2;
+          acc[t0 + 3] = a3;
         }
-        acc[t0] = a;
+        for (; t0 < taps; ++t0) {
+          __m512 a = acc[t0];
+          const RegisterTap& tap = p.taps[t0];
+          const __m512i idx = _mm512_loadu_si512(tap.idx.data());
+          for (int64_t k = 0; k < p.dst_vectors; ++k) {
+            a = _mm512_fmadd_ps(gv[k], register_tap(buf.data() + (k - p.first) + tap.off, tap, idx), a);
+          }
+          acc[t0] = a;
+        }
       }
-      acc[taps] = gsum;
-      float* out = ws + plane * (taps + 1);
+      float* out = ws + task * (taps + 1);
       for (int64_t s0 = 0; s0 < sums; s0 += 16) {
         alignas(64) float r[16];
         _mm512_store_ps(r, reduce16(*reinterpret_cast<const __m512(*)[16]>(acc.data() + s0)));
@@ -919,13 +988,19 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t planes, 
 #endif
 
 #if defined(CPU_CAPABILITY_AVX512)
-// Where the register path applies: stride 1, rows to 16 wide, output rows as wide as the input's.
-bool use_register_plane(const DepthwiseGeometry& g) {
+// Where the register path applies (stride 1, rows to 16 wide, output rows as wide as the input's) and
+// beats the others (thread-time A/B, benchmarks/results/depthwise_conv2d_cpu_nchw_register.md): 3x3
+// kernels in every pass (1.2-2.4x faster); wider kernels only in the weight gradient of rows over 8
+// wide (14x14 5x5 1.4x, 7x7 1.1-1.2x), since a permute per tap loses to the channel-blocked rows'
+// loads shared across the kernel row (forward 1.6-2.4x slower). FASTOPS_NCHW_REGISTER=0 in the
+// environment (read once) turns it off, for such A/B runs.
+bool use_register_plane(const DepthwiseGeometry& g, bool weight_gradient) {
   static const bool enabled = [] {
     const char* env = std::getenv("FASTOPS_NCHW_REGISTER");
     return env == nullptr || std::string_view(env) != "0";
   }();
-  return enabled && g.sh == 1 && g.sw == 1 && g.W <= 16 && g.OW == g.W;
+  if (!enabled || g.sh != 1 || g.sw != 1 || g.W > 16 || g.OW != g.W) return false;
+  return (g.KH <= 3 && g.KW <= 3) || (weight_gradient && g.W > 8);
 }
 
 // The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
@@ -960,7 +1035,7 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
   const int64_t n_out = g.OH * pitch;
   if constexpr (std::is_same_v<T, float>) {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (use_register_plane(g)) {
+    if (use_register_plane(g, false)) {
       register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
       return;
     }
@@ -1003,7 +1078,7 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
   const A* wp = wacc.const_data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (use_register_plane(g)) {
+    if (use_register_plane(g, false)) {
       register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_plan(g.OH, g.H, g.W, register_offsets(g, true)));
       return;
     }
@@ -1056,21 +1131,24 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   constexpr int64_t L = at::vec::Vectorized<A>::size();
   std::vector<int64_t> tap_off;
   const PhaseLayout p = input_phases(g, L, tap_off);
-  at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, x.options().dtype(c10::CppTypeToScalarType<A>::value));
   const T* xp = x.const_data_ptr<T>();
   const T* gp = go.const_data_ptr<T>();
+  const auto options = x.options().dtype(c10::CppTypeToScalarType<A>::value);
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_register_plane(g, true)) {  // one partial per 8 images (kWgradImages), not per image
+      at::Tensor blocks = at::empty({div_up(g.N, kWgradImages), g.C, g.taps() + 1}, options);
+      register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C,
+                     register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
+      return blocks;
+    }
+  }
+#endif
+  at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
   A* wsp = ws.data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
     // Small output planes only: each tap's sum runs over the plane in one chain per lane (two for
     // 3-wide rows of other kernels), so the plane bounds the fp32 rounding.
-#if defined(CPU_CAPABILITY_AVX512)
-    // Rows over 8 wide only (one row per vector): on 4x4 to 8x8 maps the per-plane reduction of the
-    // tap sums costs more than the blocked path's transposes (64x128x4x4: 270 us against 165).
-    if (use_register_plane(g) && g.W > 8) {
-      register_wgrad(wsp, xp, gp, g.N * g.C, register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
-      return ws;
-    }
-#endif
     const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
     if (g.OH * g.OW <= 256 && use_blocked(g, b)) {
       blocked_wgrad(wsp, xp, gp, g.N, g.C, b);

@@ -316,8 +316,9 @@ _NCHW_BLOCKED = "benchmarks/results/depthwise_conv2d_cpu_nchw_blocked.md"
 # The main job's own ConvNet (digits: 16x16 input, 32-128 channels, batch 64), both layouts.
 _DIGITS_AVX512 = "benchmarks/results/swap_policy_cpu_dw_digits_threads1.md"
 _DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
-# NCHW fp32 after the register path for rows to 16 wide (stride 1; 2026-11-28).
+# NCHW fp32 after the register path for 3x3 kernels on rows to 16 wide (stride 1; 2026-11-28).
 _DIGITS_NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_threads1.md"
+_NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_nchw_register_threads1.md"
 # channels_last bf16 training after the one-instruction bf16 stores (2026-11-28; a recheck beside it).
 _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.md"
 
@@ -385,9 +386,10 @@ _fp32, _bf16 = torch.float32, torch.bfloat16
 # fmt: off
 # (ISA, channels_last, dtype, training, the region in words, what was measured there, the region)
 for _region in [
-    ("avx512", False, _fp32, False, "5x5 kernels to outputs 14x14 (not measured); 3x3 stride 1, outputs 8x8 to 14x14", f"{_NCHW_BLOCKED}: c384.14 0.97-1.25x over 7 runs (c576.14 1.13-1.42x given away)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14 and (_kernel(c) > 3 or (not _strided(c) and _out_side(c) > 7))),
+    # 3x3 stride 1 at 8x8 to 14x14 left both regions with the register path (c384.14 1.28x / 1.49x, c576.14 1.68x / 1.75x).
+    ("avx512", False, _fp32, False, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
     ("avx512", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.76-0.96x", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
-    ("avx512", False, _fp32, True, "5x5 kernels to outputs 14x14 (not measured); 3x3 stride 1, outputs 8x8 to 14x14", f"{_NCHW_BLOCKED}: c384.14 0.91-1.13x over 7 runs (c576.14 1.09-1.28x given away)", lambda c: _kernel(c) <= 5 and _out_side(c) <= 14 and (_kernel(c) > 3 or (not _strided(c) and _out_side(c) > 7))),
+    ("avx512", False, _fp32, True, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
     ("avx512", False, _bf16, False, "kernels to 5x5, outputs to 28x28 or strided", f"{_NCHW_AVX512}: 0.28-0.98x", lambda c: _kernel(c) <= 5 and (_out_side(c) <= 28 or _strided(c))),
     ("avx512", False, _bf16, False, "kernels over 5x5, outputs to 28x28", f"{_NCHW_AVX512}: 0.31-0.69x", lambda c: _kernel(c) > 5 and _out_side(c) <= 28),
     ("avx512", False, _bf16, True, "kernels to 5x5, stride 1, outputs to 28x28", f"{_NCHW_AVX512}: 0.27-0.84x", lambda c: _kernel(c) <= 5 and not _strided(c) and _out_side(c) <= 28),

@@ -113,8 +113,8 @@ NCHW_BLOCKED_CASES = [
 
 # The fp32 NCHW register path (AVX-512, stride 1, rows to 16 wide as wide as the output's: R = 16 // W
 # rows per vector): one-vector planes in groups of 4 with a remainder, planes of 2-3 vectors grouped,
-# 4+ vectors per plane, one row per vector (taps without a permute; the weight gradient there too),
-# 14 of 16 lanes, asymmetric row padding, dilation, rows cut off at the top.
+# 4+ vectors per plane, planes held in registers (1, 2 or 4 vectors), one row per vector (taps
+# without a permute), 14 of 16 lanes, asymmetric row padding, dilation, rows cut off at the top.
 NCHW_REGISTER_CASES = [
     (9, 5, 4, 4, 3, 1, 1, 1),
     (2, 7, 8, 8, 3, 1, 1, 1),
@@ -122,6 +122,7 @@ NCHW_REGISTER_CASES = [
     (2, 3, 14, 14, 5, 1, 1, 2),
     (3, 3, 7, 7, 3, 1, 1, 1),
     (2, 3, 6, 5, 3, 1, 1, (2, 0, 1, 1)),
+    (2, 3, 7, 7, 3, 1, 1, (2, 1, 1, 1)),  # a tap reading the vector above in place (no permute)
     (2, 3, 11, 12, 3, 1, 2, (1, 3, 2, 2)),
     (1, 4, 9, 3, 3, 1, 1, 1),
     (2, 4, 5, 9, 3, 1, 1, (0, 0, 1, 1)),
