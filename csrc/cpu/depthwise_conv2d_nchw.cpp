@@ -592,48 +592,59 @@ bool use_blocked(const DepthwiseGeometry& g, const BlockedGeom& b) {
 #if defined(CPU_CAPABILITY_AVX512)
 struct RegisterTap {
   std::array<int32_t, 16> idx;  // lane of the pair (first vector: 0-15, second: 16-31)
-  int64_t off;                  // the pair's first vector, relative to the output vector
+  int64_t off, off2;            // the pair's vectors, relative to the output vector's first source
   __mmask16 inside;             // lanes whose source column lies in the plane
   bool plain;                   // every lane reads its own lane of the first vector: no permute
 };
 
 struct RegisterPlan {
-  int64_t lanes;                     // R * W elements per vector
+  int64_t src_lanes, dst_lanes;      // elements per vector: rows per vector * row width
   int64_t src_hw, dst_hw;            // plane sizes
   int64_t src_vectors, dst_vectors;  // vectors per plane
+  int64_t step;                      // output vector k's first source vector is k * step (+ off)
   int64_t first, span;               // buffer slot 0 holds source vector `first` (<= 0); slots in all
   std::vector<RegisterTap> taps;
 };
 
 inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-// Plans dst (dst_h x W) from src (src_h x W), tap t reading source (i + offsets[t].first,
-// j + offsets[t].second) for output (i, j).
-RegisterPlan register_plan(int64_t src_h, int64_t dst_h, int64_t W,
+// Plans dst (dst_h x dst_w, dst_rows rows a vector) from src (src_h x src_w, src_rows rows a vector),
+// tap t reading source (sh * i + offsets[t].first, sw * j + offsets[t].second) for output (i, j).
+// The rows of one output vector must reach at most two source vectors (true at stride 1 with
+// src_rows == dst_rows, and with one source row a vector and dst_rows <= 2).
+RegisterPlan register_plan(int64_t src_h, int64_t src_w, int64_t src_rows, int64_t dst_h, int64_t dst_w,
+                           int64_t dst_rows, int64_t sh, int64_t sw,
                            const std::vector<std::pair<int64_t, int64_t>>& offsets) {
-  const int64_t R = 16 / W;
   RegisterPlan p;
-  p.lanes = R * W;
-  p.src_hw = src_h * W;
-  p.dst_hw = dst_h * W;
-  p.src_vectors = div_up(src_h, R);
-  p.dst_vectors = div_up(dst_h, R);
+  p.src_lanes = src_rows * src_w;
+  p.dst_lanes = dst_rows * dst_w;
+  p.src_hw = src_h * src_w;
+  p.dst_hw = dst_h * dst_w;
+  p.src_vectors = div_up(src_h, src_rows);
+  p.dst_vectors = div_up(dst_h, dst_rows);
+  TORCH_INTERNAL_ASSERT((sh * dst_rows) % src_rows == 0);
+  p.step = sh * dst_rows / src_rows;
   int64_t lo = 0, hi = p.src_vectors;
   for (const auto& [c, e] : offsets) {
     RegisterTap t{};
-    t.off = floor_div(c, R);
+    // Output row r of a vector reads source row sh * r + c past the vector's first: vector
+    // floor((sh * r + c) / src_rows).
+    t.off = floor_div(c, src_rows);
+    t.off2 = std::max(floor_div(sh * (dst_rows - 1) + c, src_rows), t.off + 1);
     uint32_t inside = 0;
-    for (int64_t l = 0; l < p.lanes; ++l) {
-      const int64_t rel = l / W + c - t.off * R;  // source row relative to vector off's first row
-      const int64_t col = l % W + e;
-      t.idx[l] = static_cast<int32_t>((rel / R) * 16 + (rel % R) * W + std::clamp<int64_t>(col, 0, W - 1));
-      if (col >= 0 && col < W) inside |= 1u << l;
+    for (int64_t l = 0; l < p.dst_lanes; ++l) {
+      const int64_t row = sh * (l / dst_w) + c, v = floor_div(row, src_rows);
+      TORCH_INTERNAL_ASSERT(v == t.off || v == t.off2);
+      const int64_t col = sw * (l % dst_w) + e;
+      t.idx[l] = static_cast<int32_t>((v == t.off ? 0 : 16) + (row - v * src_rows) * src_w +
+                                      std::clamp<int64_t>(col, 0, src_w - 1));
+      if (col >= 0 && col < src_w) inside |= 1u << l;
     }
     t.inside = static_cast<__mmask16>(inside);
     t.plain = true;
-    for (int64_t l = 0; l < p.lanes; ++l) t.plain = t.plain && t.idx[l] == l && ((inside >> l) & 1);
+    for (int64_t l = 0; l < p.dst_lanes; ++l) t.plain = t.plain && t.idx[l] == l && ((inside >> l) & 1);
     lo = std::min(lo, t.off);
-    hi = std::max(hi, p.dst_vectors + t.off + 1);
+    hi = std::max(hi, (p.dst_vectors - 1) * p.step + t.off2 + 1);
     p.taps.push_back(t);
   }
   p.first = lo;
@@ -641,29 +652,28 @@ RegisterPlan register_plan(int64_t src_h, int64_t dst_h, int64_t W,
   return p;
 }
 
-// The lanes of vector v of a plane of hw elements: R*W, fewer in the last vector.
-inline __mmask16 vector_lanes(const RegisterPlan& p, int64_t hw, int64_t v) {
-  return static_cast<__mmask16>((1u << std::clamp<int64_t>(hw - v * p.lanes, 0, p.lanes)) - 1);
+// The lanes of source / output vector v: all of a vector's, fewer in the plane's last.
+inline __mmask16 lanes_of(int64_t lanes, int64_t hw, int64_t v) {
+  return static_cast<__mmask16>((1u << std::clamp<int64_t>(hw - v * lanes, 0, lanes)) - 1);
 }
+inline __mmask16 src_lanes(const RegisterPlan& p, int64_t v) { return lanes_of(p.src_lanes, p.src_hw, v); }
+inline __mmask16 dst_lanes(const RegisterPlan& p, int64_t v) { return lanes_of(p.dst_lanes, p.dst_hw, v); }
 
 // slots[v - first] = source vector v: the plane's vectors, zero outside (the zeros are written by
 // the caller once per task; this rewrites only the plane's slots).
 inline void load_register_plane(__m512* slots, const float* src, const RegisterPlan& p) {
   for (int64_t v = 0; v < p.src_vectors; ++v) {
-    slots[v - p.first] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), src + v * p.lanes);
+    slots[v - p.first] = _mm512_maskz_loadu_ps(src_lanes(p, v), src + v * p.src_lanes);
   }
 }
 
-// The tap for the output vector whose first source vector is at `at` (lanes past R*W are never
-// stored or summed, so a plain tap may leave them unmasked).
+// The tap for the output vector whose first source vector (k * step) is at `at` (lanes past the
+// vector's are never stored or summed, so a plain tap may leave them unmasked).
 C10_ALWAYS_INLINE __m512 register_tap(const __m512* at, const RegisterTap& t, const __m512i idx) {
-  if (t.plain) return at[0];
-  return _mm512_maskz_permutex2var_ps(t.inside, at[0], idx, at[1]);
+  if (t.plain) return at[t.off];
+  return _mm512_maskz_permutex2var_ps(t.inside, at[t.off], idx, at[t.off2]);
 }
 
-// B output vectors at once (B independent FMA chains: one chain of taps per vector waits on the FMA
-// latency, 4 cycles a tap on Zen 4). Vector u is vector k[u] of the plane whose source vectors are
-// in slots[u], with weights wc[u] and initial value init[u].
 // Four output vectors at once (four independent FMA chains; one chain of taps per vector waits on the
 // FMA latency). Vector u's taps read base[u] + off, with weights wc[u]; the first m are stored. The
 // accumulators are named variables: as an array GCC kept them on the stack, a store and a reload per
@@ -677,7 +687,7 @@ C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* 
   const int64_t taps = static_cast<int64_t>(p.taps.size());
   for (int64_t t = 0; t < taps; ++t) {
     const RegisterTap& tap = p.taps[t];
-    const int64_t o = tap.off;
+    const int64_t o = tap.off, o2 = tap.off2;
     if (tap.plain) {
       acc0 = _mm512_fmadd_ps(b0[o], _mm512_set1_ps(w0[t]), acc0);
       acc1 = _mm512_fmadd_ps(b1[o], _mm512_set1_ps(w1[t]), acc1);
@@ -686,10 +696,10 @@ C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* 
     } else {
       const __m512i idx = _mm512_loadu_si512(tap.idx.data());
       const __mmask16 k = tap.inside;
-      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b0[o], idx, b0[o + 1]), _mm512_set1_ps(w0[t]), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b1[o], idx, b1[o + 1]), _mm512_set1_ps(w1[t]), acc1);
-      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b2[o], idx, b2[o + 1]), _mm512_set1_ps(w2[t]), acc2);
-      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b3[o], idx, b3[o + 1]), _mm512_set1_ps(w3[t]), acc3);
+      acc0 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b0[o], idx, b0[o2]), _mm512_set1_ps(w0[t]), acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b1[o], idx, b1[o2]), _mm512_set1_ps(w1[t]), acc1);
+      acc2 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b2[o], idx, b2[o2]), _mm512_set1_ps(w2[t]), acc2);
+      acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b3[o], idx, b3[o2]), _mm512_set1_ps(w3[t]), acc3);
     }
   }
   _mm512_mask_storeu_ps(out[0], store[0], acc0);
@@ -709,7 +719,7 @@ C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* 
   __m512 x[P * V], acc[P * V];
   static_for<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
-    x[j] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), in[i] + v * p.lanes);
+    x[j] = _mm512_maskz_loadu_ps(src_lanes(p, v), in[i] + v * p.src_lanes);
     acc[j] = _mm512_set1_ps(init[i]);
   });
   const int64_t taps = static_cast<int64_t>(p.taps.size());
@@ -735,7 +745,7 @@ C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* 
   }
   static_for<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
-    _mm512_mask_storeu_ps(out[i] + v * p.lanes, vector_lanes(p, p.dst_hw, v), acc[j]);
+    _mm512_mask_storeu_ps(out[i] + v * p.dst_lanes, dst_lanes(p, v), acc[j]);
   });
 }
 
@@ -750,8 +760,8 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
   const int64_t group = V >= kChains ? 1 : div_up(kChains, V);  // planes per group
   const int64_t grain = std::max<int64_t>(group, round_up(div_up(4096, std::max<int64_t>(p.dst_hw, 1)), group));
   // Planes for register_resident.
-  bool resident = (V == 1 || V == 2 || V == 4) && p.src_vectors == V;
-  for (const RegisterTap& t : p.taps) resident = resident && (t.off == 0 || t.off == -1);
+  bool resident = (V == 1 || V == 2 || V == 4) && p.src_vectors == V && p.step == 1;
+  for (const RegisterTap& t : p.taps) resident = resident && (t.off == 0 || t.off == -1) && t.off2 == t.off + 1;
   const int64_t per_call = kChains / V;  // planes per register_resident call
   at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
     std::vector<__m512> buf(group * p.span, _mm512_setzero_ps());
@@ -795,9 +805,9 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
           const int64_t m = std::min(kChains, V - k);
           for (int64_t u = 0; u < kChains; ++u) {
             const int64_t ku = k + std::min(u, m - 1);
-            out[u] = y + ku * p.lanes;
-            base[u] = slots + (ku - p.first);
-            store[u] = vector_lanes(p, p.dst_hw, ku);
+            out[u] = y + ku * p.dst_lanes;
+            base[u] = slots + (ku * p.step - p.first);
+            store[u] = dst_lanes(p, ku);
           }
           register_vectors(out, base, wc, b, store, m, p);
         }
@@ -812,11 +822,11 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
         const int64_t ci = c;
         c = c + 1 == C ? 0 : c + 1;
         for (int64_t k = 0; k < V; ++k) {
-          out[m] = dst + plane * p.dst_hw + k * p.lanes;
-          base[m] = buf.data() + i * p.span + (k - p.first);
+          out[m] = dst + plane * p.dst_hw + k * p.dst_lanes;
+          base[m] = buf.data() + i * p.span + (k * p.step - p.first);
           wc[m] = w + ci * taps;
           b[m] = init ? init[ci] : 0.f;
-          store[m] = vector_lanes(p, p.dst_hw, k);
+          store[m] = dst_lanes(p, k);
           if (++m == kChains) {
             register_vectors(out, base, wc, b, store, m, p);
             m = 0;
@@ -888,8 +898,8 @@ void register_wgrad_resident3x3(float* out, const float* x, const float* go, int
     const int64_t plane = n * C + c;
     __m512 xv[V], g[V];
     static_for<V>([&](auto v) {
-      xv[v] = _mm512_maskz_loadu_ps(vector_lanes(p, p.src_hw, v), x + plane * p.src_hw + v * p.lanes);
-      g[v] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, v), go + plane * p.dst_hw + v * p.lanes);
+      xv[v] = _mm512_maskz_loadu_ps(src_lanes(p, v), x + plane * p.src_hw + v * p.src_lanes);
+      g[v] = _mm512_maskz_loadu_ps(dst_lanes(p, v), go + plane * p.dst_hw + v * p.dst_lanes);
       acc[9] = _mm512_add_ps(acc[9], g[v]);
     });
     static_for<9>([&](auto t) {
@@ -919,8 +929,10 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
   const int64_t grain = std::max<int64_t>(1, div_up(4096, std::max<int64_t>(p.dst_hw * kWgradImages, 1)));
   const std::array<int32_t, 16>& source = reduced_lane_source();
   const int64_t V = p.dst_vectors;
-  bool resident3x3 = taps == 9 && (V == 1 || V == 2 || V == 4) && p.src_vectors == V;
-  for (const RegisterTap& t : p.taps) resident3x3 = resident3x3 && (t.off == 0 || t.off == -1);
+  bool resident3x3 = taps == 9 && (V == 1 || V == 2 || V == 4) && p.src_vectors == V && p.step == 1;
+  for (const RegisterTap& t : p.taps) {
+    resident3x3 = resident3x3 && (t.off == 0 || t.off == -1) && t.off2 == t.off + 1;
+  }
   at::parallel_for(0, blocks * C, grain, [&](int64_t begin, int64_t end) {
     std::vector<__m512> buf(p.span, _mm512_setzero_ps()), gv(p.dst_vectors), acc(sums);
     for (int64_t task = begin; task < end; ++task) {
@@ -940,7 +952,7 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
         const float* gp = go + plane * p.dst_hw;
         __m512 gsum = acc[taps];
         for (int64_t k = 0; k < p.dst_vectors; ++k) {
-          gv[k] = _mm512_maskz_loadu_ps(vector_lanes(p, p.dst_hw, k), gp + k * p.lanes);
+          gv[k] = _mm512_maskz_loadu_ps(dst_lanes(p, k), gp + k * p.dst_lanes);
           gsum = _mm512_add_ps(gsum, gv[k]);
         }
         acc[taps] = gsum;
@@ -952,12 +964,12 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
                         i2 = _mm512_loadu_si512(q2.idx.data()), i3 = _mm512_loadu_si512(q3.idx.data());
           __m512 a0 = acc[t0], a1 = acc[t0 + 1], a2 = acc[t0 + 2], a3 = acc[t0 + 3];
           for (int64_t k = 0; k < p.dst_vectors; ++k) {
-            const __m512* at = buf.data() + (k - p.first);
+            const __m512* at = buf.data() + (k * p.step - p.first);
             const __m512 g = gv[k];
-            a0 = _mm512_fmadd_ps(g, register_tap(at + q0.off, q0, i0), a0);
-            a1 = _mm512_fmadd_ps(g, register_tap(at + q1.off, q1, i1), a1);
-            a2 = _mm512_fmadd_ps(g, register_tap(at + q2.off, q2, i2), a2);
-            a3 = _mm512_fmadd_ps(g, register_tap(at + q3.off, q3, i3), a3);
+            a0 = _mm512_fmadd_ps(g, register_tap(at, q0, i0), a0);
+            a1 = _mm512_fmadd_ps(g, register_tap(at, q1, i1), a1);
+            a2 = _mm512_fmadd_ps(g, register_tap(at, q2, i2), a2);
+            a3 = _mm512_fmadd_ps(g, register_tap(at, q3, i3), a3);
           }
           acc[t0] = a0;
           acc[t0 + 1] = a1;
@@ -969,7 +981,7 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
           const RegisterTap& tap = p.taps[t0];
           const __m512i idx = _mm512_loadu_si512(tap.idx.data());
           for (int64_t k = 0; k < p.dst_vectors; ++k) {
-            a = _mm512_fmadd_ps(gv[k], register_tap(buf.data() + (k - p.first) + tap.off, tap, idx), a);
+            a = _mm512_fmadd_ps(gv[k], register_tap(buf.data() + (k * p.step - p.first), tap, idx), a);
           }
           acc[t0] = a;
         }
@@ -988,20 +1000,28 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
 #endif
 
 #if defined(CPU_CAPABILITY_AVX512)
-// Where the register path applies (stride 1, rows to 16 wide, output rows as wide as the input's) and
-// beats the others (thread-time A/B, benchmarks/results/depthwise_conv2d_cpu_nchw_register.md): 3x3
-// kernels in every pass (1.2-2.4x faster); wider kernels only in the weight gradient of rows over 8
-// wide (14x14 5x5 1.4x, 7x7 1.1-1.2x), since a permute per tap loses to the channel-blocked rows'
-// loads shared across the kernel row (forward 1.6-2.4x slower). FASTOPS_NCHW_REGISTER=0 in the
-// environment (read once) turns it off, for such A/B runs.
+// Where the register path applies and beats the others (thread-time A/B,
+// benchmarks/results/depthwise_conv2d_cpu_nchw_register.md): rows to 16 wide, at stride 1 with output
+// rows as wide as the input's 3x3 kernels in every pass (1.2-2.4x faster), wider kernels only in the
+// weight gradient of rows over 8 wide (14x14 5x5 1.4x, 7x7 1.1-1.2x), since a permute per tap loses
+// to the channel-blocked rows' loads shared across the kernel row (forward 1.6-2.4x slower); at stride
+// 2 (either direction) 3x3 kernels on rows over 8 wide in the forward and weight gradient (1.3-1.8x;
+// on 8-wide rows, half-empty vectors made 64x64x8x8 1.2x slower; the input gradient is a scatter).
+// FASTOPS_NCHW_REGISTER=0 in the environment (read once) turns it off, for such A/B runs.
 bool use_register_plane(const DepthwiseGeometry& g, bool weight_gradient) {
   static const bool enabled = [] {
     const char* env = std::getenv("FASTOPS_NCHW_REGISTER");
     return env == nullptr || std::string_view(env) != "0";
   }();
-  if (!enabled || g.sh != 1 || g.sw != 1 || g.W > 16 || g.OW != g.W) return false;
-  return (g.KH <= 3 && g.KW <= 3) || (weight_gradient && g.W > 8);
+  if (!enabled || g.W > 16 || g.OW > 16) return false;
+  const bool k3 = g.KH <= 3 && g.KW <= 3;
+  if (g.sh == 1 && g.sw == 1) return g.OW == g.W && (k3 || (weight_gradient && g.W > 8));
+  return k3 && g.sh <= 2 && g.sw <= 2 && g.W > 8;
 }
+
+// The plan of the forward (src x, dst y) or the input gradient (src grad_output, dst dx; stride 1).
+// Stride 1: 16 / W rows a vector on both sides. Strided: one input row a vector and up to two output
+// rows, so that an output vector's rows reach two input vectors.
 
 // The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
 // grad_output.
@@ -1014,6 +1034,21 @@ std::vector<std::pair<int64_t, int64_t>> register_offsets(const DepthwiseGeometr
     }
   }
   return offsets;
+}
+
+// The plan of the forward and the weight gradient (src x, dst the output plane) or of the stride-1
+// input gradient (src grad_output, dst dx). Stride 1: 16 / W rows a vector on both sides; strided:
+// one input row a vector and up to two output rows, so that an output vector reaches two input
+// vectors.
+RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
+  const auto offsets = register_offsets(g, dgrad);
+  if (g.sh == 1 && g.sw == 1) {
+    const int64_t rows = 16 / g.W;
+    return dgrad ? register_plan(g.OH, g.OW, rows, g.H, g.W, rows, 1, 1, offsets)
+                 : register_plan(g.H, g.W, rows, g.OH, g.OW, rows, 1, 1, offsets);
+  }
+  TORCH_INTERNAL_ASSERT(!dgrad);
+  return register_plan(g.H, g.W, 1, g.OH, g.OW, std::min<int64_t>(16 / g.OW, 2), g.sh, g.sw, offsets);
 }
 #endif
 
@@ -1036,7 +1071,7 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
   if constexpr (std::is_same_v<T, float>) {
 #if defined(CPU_CAPABILITY_AVX512)
     if (use_register_plane(g, false)) {
-      register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
+      register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_conv_plan(g, false));
       return;
     }
 #endif
@@ -1078,8 +1113,8 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
   const A* wp = wacc.const_data_ptr<A>();
   if constexpr (std::is_same_v<T, float>) {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (use_register_plane(g, false)) {
-      register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_plan(g.OH, g.H, g.W, register_offsets(g, true)));
+    if (g.sh == 1 && g.sw == 1 && use_register_plane(g, false)) {
+      register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_conv_plan(g, true));
       return;
     }
 #endif
@@ -1138,8 +1173,7 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   if constexpr (std::is_same_v<T, float>) {
     if (use_register_plane(g, true)) {  // one partial per 8 images (kWgradImages), not per image
       at::Tensor blocks = at::empty({div_up(g.N, kWgradImages), g.C, g.taps() + 1}, options);
-      register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C,
-                     register_plan(g.H, g.OH, g.W, register_offsets(g, false)));
+      register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C, register_conv_plan(g, false));
       return blocks;
     }
   }

@@ -319,6 +319,7 @@ _DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
 # NCHW fp32 after the register path for 3x3 kernels on rows to 16 wide (stride 1; 2026-11-28).
 _DIGITS_NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_threads1.md"
 _NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_nchw_register_threads1.md"
+_DIGITS_NCHW_STRIDED = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_strided_threads1.md"
 # channels_last bf16 training after the one-instruction bf16 stores (2026-11-28; a recheck beside it).
 _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.md"
 
@@ -396,8 +397,9 @@ for _region in [
     ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.79-0.96x (one 1.12x)", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
     # Few channels on small maps (the digits ConvNet): where the wide MobileNetV2 layers above win.
     # Stride 1 to 4x4 left both regions with the register path (64x128x4x4: 1.29x inference, 1.21x training).
-    ("avx512", False, _fp32, False, "3x3 kernels strided, to 64 channels with outputs to 8x8 or any to outputs 4x4", f"{_DIGITS_AVX512}: 0.72-0.79x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and ((_channels(c) <= 64 and _out_side(c) <= 8) or _out_side(c) <= 4)),
-    ("avx512", False, _fp32, True, "3x3 kernels strided, outputs to 4x4", f"{_DIGITS_AVX512}: 0.82x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _out_side(c) <= 4),
+    # Strided from maps over 8 wide left it with the strided register path (64x32x16x16 s2: 1.16x).
+    ("avx512", False, _fp32, False, "3x3 kernels strided, from maps to 8x8", f"{_DIGITS_NCHW_STRIDED}: 0.80x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _in_side(c) <= 8),
+    ("avx512", False, _fp32, True, "3x3 kernels strided, outputs to 4x4", f"{_DIGITS_AVX512}: 0.82x; {_DIGITS_NCHW_STRIDED}: 1.04x (at the line); stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _out_side(c) <= 4),
     # channels_last: only the kernel sizes measured (3x3, 7x7; 5x5 runs ours), except bf16 inference
     # on AVX-512, where oneDNN's bf16 kernel wins at every size and kernel.
     ("avx512", True, _fp32, False, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.70-0.97x; {_DIGITS_AVX512}: 0.64-0.71x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),

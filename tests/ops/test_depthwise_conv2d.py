@@ -111,7 +111,7 @@ NCHW_BLOCKED_CASES = [
     (32, 40, 16, 16, 5, 1, 1, 2),  # the same with whole cache lines per 8-channel block (AVX2)
 ]
 
-# The fp32 NCHW register path (AVX-512, stride 1, rows to 16 wide as wide as the output's: R = 16 // W
+# The fp32 NCHW register path (AVX-512, rows to 16 wide; at stride 1 as wide as the output's: R = 16 // W
 # rows per vector): one-vector planes in groups of 4 with a remainder, planes of 2-3 vectors grouped,
 # 4+ vectors per plane, planes held in registers (1, 2 or 4 vectors), one row per vector (taps
 # without a permute), 14 of 16 lanes, asymmetric row padding, dilation, rows cut off at the top.
@@ -126,6 +126,11 @@ NCHW_REGISTER_CASES = [
     (2, 3, 11, 12, 3, 1, 2, (1, 3, 2, 2)),
     (1, 4, 9, 3, 3, 1, 1, 1),
     (2, 4, 5, 9, 3, 1, 1, (0, 0, 1, 1)),
+    # Strided (forward and weight gradient): one input row a vector, two output rows.
+    (2, 5, 16, 16, 3, 2, 1, 1),
+    (2, 3, 14, 13, 3, (2, 1), 1, 1),
+    (2, 3, 11, 12, 3, (1, 2), 2, (1, 0, 2, 1)),
+    (3, 4, 9, 10, (1, 3), 2, 1, 0),
 ]
 
 GRID_CASES = _case_grid()
