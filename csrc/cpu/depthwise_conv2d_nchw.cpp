@@ -16,6 +16,12 @@
 // the channels innermost, so the taps vectorise over channels as in the NHWC kernels. Its input
 // gradient at any stride is a stride-1 forward over grad_output spread out by the stride: (s*s - 1)
 // of s*s products multiply an inserted zero, still faster than the phase planes on small maps.
+//
+// On AVX-512, fp32 3x3 kernels go first to two paths that read the planes as they lie:
+// rows to 16 wide (register_conv, register_wgrad: whole rows per vector, a tap is one two-source
+// permute; stride 1 and, on rows over 8 wide, stride 2 for the forward and weight gradient), and
+// rows over 16 wide (wide_conv, wide_wgrad: a tap is one masked unaligned load, two and a permute at
+// column stride 2; the input gradient at stride 1 only).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -1052,6 +1058,179 @@ RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
 }
 #endif
 
+// ---- rows over 16 wide (fp32, AVX-512, 3x3) ---------------------------------------------------
+// A row of OW > 16 outputs is Q = ceil(OW / 16) vectors. Tap (c, e) of output vector (i, q) reads
+// input row sh * i + c from column sw * 16 q + e: at stride 1 one unaligned load from the plane as it
+// lies, at column stride 2 two loads and a permute to the even lanes; each load masked to the columns
+// inside the row (and to nothing where the row is outside the plane: AVX-512 masked loads do not fault
+// on masked lanes), then one FMA. No copy into padded phase planes and no computed-and-dropped
+// columns, which is what the plane path pays. The input gradient takes it at stride 1 only.
+#if defined(CPU_CAPABILITY_AVX512)
+struct WidePlan {
+  int64_t src_hw, dst_hw, src_w, dst_w, Q, sh, sw;
+  std::vector<int64_t> tap_off;      // c * src_w + e
+  std::vector<__mmask16> masks;      // (dst row, tap, q, 2 loads): the lanes each load reads
+  std::vector<__mmask16> row_lanes;  // (q): the lanes of a row's vector q
+};
+
+WidePlan wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, int64_t sh, int64_t sw,
+                   const std::vector<std::pair<int64_t, int64_t>>& offsets) {
+  WidePlan p;
+  p.src_hw = src_h * src_w;
+  p.dst_hw = dst_h * dst_w;
+  p.src_w = src_w;
+  p.dst_w = dst_w;
+  p.Q = div_up(dst_w, 16);
+  p.sh = sh;
+  p.sw = sw;
+  const int64_t taps = static_cast<int64_t>(offsets.size());
+  p.masks.resize(dst_h * taps * p.Q * 2);
+  for (const auto& [c, e] : offsets) p.tap_off.push_back(c * src_w + e);
+  for (int64_t q = 0; q < p.Q; ++q) {
+    p.row_lanes.push_back(static_cast<__mmask16>((1u << std::min<int64_t>(16, dst_w - 16 * q)) - 1));
+  }
+  for (int64_t i = 0; i < dst_h; ++i) {
+    for (int64_t t = 0; t < taps; ++t) {
+      const auto [c, e] = offsets[t];
+      const bool row_inside = sh * i + c >= 0 && sh * i + c < src_h;
+      for (int64_t q = 0; q < p.Q; ++q) {
+        for (int64_t half = 0; half < 2; ++half) {
+          uint32_t m = 0;
+          for (int64_t l = 0; l < 16; ++l) {
+            const int64_t col = sw * 16 * q + 16 * half + l + e;  // the input column lane l loads
+            // Stride 1: lanes past the row's outputs are not stored, but must not read the next row.
+            const bool used = sw == 2 || 16 * q + l < dst_w;
+            if (row_inside && used && col >= 0 && col < src_w) m |= 1u << l;
+          }
+          p.masks[((i * taps + t) * p.Q + q) * 2 + half] = static_cast<__mmask16>(m);
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// Tap t of the output vector whose input starts at base (masks mk, this vector's: (tap, 2) stride
+// Q * 2 a tap).
+template <int64_t kColumnStride>
+C10_ALWAYS_INLINE __m512 wide_tap(const float* base, const __mmask16* mk, int64_t off, const __m512i even) {
+  const __m512 lo = _mm512_maskz_loadu_ps(mk[0], base + off);
+  if constexpr (kColumnStride == 1) {
+    return lo;
+  } else {
+    return _mm512_permutex2var_ps(lo, even, _mm512_maskz_loadu_ps(mk[1], base + off + 16));
+  }
+}
+
+// dst planes = init[c] + sum_t w[c, t] * tap t of the src planes, 3x3 (9 taps): four output vectors
+// of a plane at a time (named accumulators, as in register_vectors).
+template <int64_t kColumnStride>
+void wide_conv(float* dst, const float* src, const float* w, const float* init, int64_t planes, int64_t C,
+               const WidePlan& p) {
+  constexpr int64_t taps = 9;
+  const int64_t rows = p.dst_hw / p.dst_w, items = rows * p.Q, tap_stride = p.Q * 2;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const int64_t c = plane % C;
+      const float* xs = src + plane * p.src_hw;
+      float* ys = dst + plane * p.dst_hw;
+      const float* wc = w + c * taps;
+      const __m512 b = _mm512_set1_ps(init ? init[c] : 0.f);
+      int64_t i = 0, q = 0;  // the next item's row and vector
+      for (int64_t item0 = 0; item0 < items; item0 += 4) {
+        const int64_t m = std::min<int64_t>(4, items - item0);
+        const float* base[4];
+        float* out[4];
+        const __mmask16* mk[4];
+        __mmask16 st[4];
+        for (int64_t u = 0; u < 4; ++u) {
+          if (u < m) {
+            base[u] = xs + p.sh * i * p.src_w + kColumnStride * 16 * q;
+            out[u] = ys + i * p.dst_w + 16 * q;
+            mk[u] = p.masks.data() + (i * taps * p.Q + q) * 2;
+            st[u] = p.row_lanes[q];
+            if (++q == p.Q) q = 0, ++i;
+          } else {  // spare chains repeat item 0 and are not stored
+            base[u] = base[0];
+            out[u] = out[0];
+            mk[u] = mk[0];
+            st[u] = st[0];
+          }
+        }
+        __m512 a0 = b, a1 = b, a2 = b, a3 = b;
+        const float *b0 = base[0], *b1 = base[1], *b2 = base[2], *b3 = base[3];
+        const __mmask16 *m0 = mk[0], *m1 = mk[1], *m2 = mk[2], *m3 = mk[3];
+        for (int64_t t = 0; t < taps; ++t) {
+          const int64_t off = p.tap_off[t], mo = t * tap_stride;
+          const __m512 wv = _mm512_set1_ps(wc[t]);
+          a0 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b0, m0 + mo, off, even), wv, a0);
+          a1 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b1, m1 + mo, off, even), wv, a1);
+          a2 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b2, m2 + mo, off, even), wv, a2);
+          a3 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b3, m3 + mo, off, even), wv, a3);
+        }
+        _mm512_mask_storeu_ps(out[0], st[0], a0);
+        if (m > 1) _mm512_mask_storeu_ps(out[1], st[1], a1);
+        if (m > 2) _mm512_mask_storeu_ps(out[2], st[2], a2);
+        if (m > 3) _mm512_mask_storeu_ps(out[3], st[3], a3);
+      }
+    }
+  });
+}
+
+// ws (planes, 10): per plane, the 9 taps' sums of g * x, then the sum of g (3x3). One output vector at a
+// time; the 10 sums are 10 independent chains in registers, reduced once per plane.
+template <int64_t kColumnStride>
+void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, const WidePlan& p) {
+  constexpr int64_t taps = 9;
+  const int64_t rows = p.dst_hw / p.dst_w, tap_stride = p.Q * 2;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const std::array<int32_t, 16>& source = reduced_lane_source();
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const float* xs = x + plane * p.src_hw;
+      const float* gs = go + plane * p.dst_hw;
+      __m512 acc[16];
+      static_for<16>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t q = 0; q < p.Q; ++q) {
+          const float* base = xs + p.sh * i * p.src_w + kColumnStride * 16 * q;
+          const __mmask16* mk = p.masks.data() + (i * taps * p.Q + q) * 2;
+          const __m512 g = _mm512_maskz_loadu_ps(p.row_lanes[q], gs + i * p.dst_w + 16 * q);
+          static_for<taps>([&](auto t) {
+            acc[t] = _mm512_fmadd_ps(g, wide_tap<kColumnStride>(base, mk + t * tap_stride, p.tap_off[t], even), acc[t]);
+          });
+          acc[taps] = _mm512_add_ps(acc[taps], g);
+        }
+      }
+      alignas(64) float r[16];
+      _mm512_store_ps(r, reduce16(acc));
+      float* out = ws + plane * (taps + 1);
+      for (int l = 0; l < 16; ++l) {
+        if (source[l] <= taps) out[source[l]] = r[l];
+      }
+    }
+  });
+}
+
+// Where the wide-row path runs: 3x3 kernels on input rows over 16 wide; at stride 1 with output rows
+// as wide as the input's, at stride 2 (rows, columns or both) for the forward and weight gradient.
+bool use_wide_rows(const DepthwiseGeometry& g, bool input_gradient) {
+  static const bool enabled = [] {
+    const char* env = std::getenv("FASTOPS_NCHW_WIDE");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  if (!enabled || g.KH * g.KW != 9 || g.W <= 16) return false;
+  if (g.sh == 1 && g.sw == 1) return g.OW == g.W;
+  return !input_gradient && g.sh <= 2 && g.sw <= 2;
+}
+
+WidePlan wide_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
+  const auto offsets = register_offsets(g, dgrad);
+  return dgrad ? wide_plan(g.OH, g.OW, g.H, g.W, 1, 1, offsets) : wide_plan(g.H, g.W, g.OH, g.OW, g.sh, g.sw, offsets);
+}
+#endif
+
 // ---- the kernels ---------------------------------------------------------------------------------
 
 template <typename T>
@@ -1072,6 +1251,12 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
 #if defined(CPU_CAPABILITY_AVX512)
     if (use_register_plane(g, false)) {
       register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_conv_plan(g, false));
+      return;
+    }
+    if (use_wide_rows(g, false)) {
+      const WidePlan plan = wide_conv_plan(g, false);
+      if (g.sw == 1) wide_conv<1>(yp, xp, wp, bp, g.N * g.C, g.C, plan);
+      if (g.sw == 2) wide_conv<2>(yp, xp, wp, bp, g.N * g.C, g.C, plan);
       return;
     }
 #endif
@@ -1115,6 +1300,10 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
 #if defined(CPU_CAPABILITY_AVX512)
     if (g.sh == 1 && g.sw == 1 && use_register_plane(g, false)) {
       register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_conv_plan(g, true));
+      return;
+    }
+    if (use_wide_rows(g, true)) {
+      wide_conv<1>(dxp, gp, wp, nullptr, g.N * g.C, g.C, wide_conv_plan(g, true));
       return;
     }
 #endif
@@ -1175,6 +1364,13 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
       at::Tensor blocks = at::empty({div_up(g.N, kWgradImages), g.C, g.taps() + 1}, options);
       register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C, register_conv_plan(g, false));
       return blocks;
+    }
+    if (use_wide_rows(g, false)) {
+      at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
+      const WidePlan plan = wide_conv_plan(g, false);
+      if (g.sw == 1) wide_wgrad<1>(ws.data_ptr<float>(), xp, gp, g.N * g.C, plan);
+      if (g.sw == 2) wide_wgrad<2>(ws.data_ptr<float>(), xp, gp, g.N * g.C, plan);
+      return ws;
     }
   }
 #endif

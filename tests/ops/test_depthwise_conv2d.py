@@ -131,6 +131,15 @@ NCHW_REGISTER_CASES = [
     (2, 3, 14, 13, 3, (2, 1), 1, 1),
     (2, 3, 11, 12, 3, (1, 2), 2, (1, 0, 2, 1)),
     (3, 4, 9, 10, (1, 3), 2, 1, 0),
+    # Rows over 16 wide (3x3): several vectors a row, masked at both ends and at the rows outside
+    # the plane; dilation, asymmetric row padding, strides.
+    (2, 3, 20, 33, 3, 1, 1, 1),
+    (1, 2, 17, 17, 3, 1, 2, 2),
+    (2, 3, 9, 47, 3, 1, 1, (2, 1, 1, 1)),
+    (1, 3, 5, 64, 3, 1, 1, (0, 0, 1, 1)),
+    (2, 3, 19, 40, 3, 2, 1, 1),  # strided (forward and weight gradient): two loads and a permute
+    (1, 2, 17, 33, 3, (2, 1), 1, (1, 0, 0, 1)),
+    (1, 2, 9, 35, 3, (1, 2), 2, 2),
 ]
 
 GRID_CASES = _case_grid()
