@@ -584,7 +584,7 @@ bool use_blocked(const DepthwiseGeometry& g, const BlockedGeom& b) {
   return g.KW > 3 || g.sw > 1 || b.OW <= 16;
 }
 
-// ---- small planes in registers (fp32, AVX-512, stride 1) ----------------------------------------
+// ---- small planes in registers (fp32, AVX-512) --------------------------------------------------
 // Rows at most 16 wide: a vector holds R = 16 / W whole rows, and the plane's vectors are contiguous
 // runs of its NCHW storage (R*W elements; the last one zero-filled), so they load and store without a
 // transpose. At stride 1, with output rows as wide as the input's, output (i, j) reads source
@@ -594,7 +594,9 @@ bool use_blocked(const DepthwiseGeometry& g, const BlockedGeom& b) {
 // which is what the phase planes (per-plane setup, partial rows) and the channel-blocked path (two
 // transposes of ~0.5 shuffle per element) pay on maps of 4x4 to 16x16. Vectors outside the plane
 // are zero, so the rows past its edges read zeros. The forward, the input gradient (the offsets
-// negated) and the weight gradient (the forward's reads of x times grad_output) share one plan.
+// negated) and the weight gradient (the forward's reads of x times grad_output) share one plan. At
+// stride 2 a vector holds one input row and up to two output rows, whose sources are then two input
+// vectors that need not be neighbours (off, off2).
 #if defined(CPU_CAPABILITY_AVX512)
 struct RegisterTap {
   std::array<int32_t, 16> idx;  // lane of the pair (first vector: 0-15, second: 16-31)
@@ -681,7 +683,7 @@ C10_ALWAYS_INLINE __m512 register_tap(const __m512* at, const RegisterTap& t, co
 }
 
 // Four output vectors at once (four independent FMA chains; one chain of taps per vector waits on the
-// FMA latency). Vector u's taps read base[u] + off, with weights wc[u]; the first m are stored. The
+// FMA latency). Vector u's taps read base[u] + off and + off2, with weights wc[u]; the first m are stored. The
 // accumulators are named variables: as an array GCC kept them on the stack, a store and a reload per
 // tap, which tripled the time.
 C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* base, const float* const* wc,
@@ -1024,10 +1026,6 @@ bool use_register_plane(const DepthwiseGeometry& g, bool weight_gradient) {
   if (g.sh == 1 && g.sw == 1) return g.OW == g.W && (k3 || (weight_gradient && g.W > 8));
   return k3 && g.sh <= 2 && g.sw <= 2 && g.W > 8;
 }
-
-// The plan of the forward (src x, dst y) or the input gradient (src grad_output, dst dx; stride 1).
-// Stride 1: 16 / W rows a vector on both sides. Strided: one input row a vector and up to two output
-// rows, so that an output vector's rows reach two input vectors.
 
 // The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
 // grad_output.
