@@ -886,6 +886,19 @@ inline const std::array<int32_t, 16>& reduced_lane_source() {
   return source;
 }
 
+// out[0, count) = the lane sums of acc[0, count), 16 vectors reduced at a time (acc holds count
+// rounded up to 16 vectors).
+inline void store_lane_sums(float* out, const __m512* acc, int64_t count) {
+  const std::array<int32_t, 16>& source = reduced_lane_source();
+  for (int64_t s0 = 0; s0 < count; s0 += 16) {
+    alignas(64) float r[16];
+    _mm512_store_ps(r, reduce16(*reinterpret_cast<const __m512(*)[16]>(acc + s0)));
+    for (int l = 0; l < 16; ++l) {
+      if (s0 + source[l] < count) out[s0 + source[l]] = r[l];
+    }
+  }
+}
+
 // Images per weight-gradient partial: each (block of images, channel) accumulates its planes lane-wise
 // and reduces once, so the reduction of the tap sums (a 16-vector tree and a scatter, more than a 4x4
 // plane's FMAs) is paid once per 8 planes. The blocks depend on N alone: bitwise repeatable.
@@ -919,12 +932,7 @@ void register_wgrad_resident3x3(float* out, const float* x, const float* go, int
       });
     });
   }
-  alignas(64) float r[16];
-  _mm512_store_ps(r, reduce16(acc));
-  const std::array<int32_t, 16>& source = reduced_lane_source();
-  for (int l = 0; l < 16; ++l) {
-    if (source[l] <= 9) out[source[l]] = r[l];
-  }
+  store_lane_sums(out, acc, 10);
 }
 
 // ws (ceil(N / kWgradImages), C, taps + 1): per block of images and channel, each tap's sum of g * x
@@ -935,7 +943,6 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
   const int64_t sums = round_up(taps + 1, 16);
   const int64_t blocks = div_up(N, kWgradImages);
   const int64_t grain = std::max<int64_t>(1, div_up(4096, std::max<int64_t>(p.dst_hw * kWgradImages, 1)));
-  const std::array<int32_t, 16>& source = reduced_lane_source();
   const int64_t V = p.dst_vectors;
   bool resident3x3 = taps == 9 && (V == 1 || V == 2 || V == 4) && p.src_vectors == V && p.step == 1;
   for (const RegisterTap& t : p.taps) {
@@ -994,14 +1001,7 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
           acc[t0] = a;
         }
       }
-      float* out = ws + task * (taps + 1);
-      for (int64_t s0 = 0; s0 < sums; s0 += 16) {
-        alignas(64) float r[16];
-        _mm512_store_ps(r, reduce16(*reinterpret_cast<const __m512(*)[16]>(acc.data() + s0)));
-        for (int l = 0; l < 16; ++l) {
-          if (s0 + source[l] <= taps) out[s0 + source[l]] = r[l];
-        }
-      }
+      store_lane_sums(ws + task * (taps + 1), acc.data(), taps + 1);
     }
   });
 }
@@ -1087,21 +1087,29 @@ WidePlan wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, i
   for (int64_t q = 0; q < p.Q; ++q) {
     p.row_lanes.push_back(static_cast<__mmask16>((1u << std::min<int64_t>(16, dst_w - 16 * q)) - 1));
   }
+  // The columns each load reads depend on the tap and q only; a row outside the plane clears them.
+  std::vector<__mmask16> columns(taps * p.Q * 2);
+  for (int64_t t = 0; t < taps; ++t) {
+    const int64_t e = offsets[t].second;
+    for (int64_t q = 0; q < p.Q; ++q) {
+      for (int64_t half = 0; half < 2; ++half) {
+        uint32_t m = 0;
+        for (int64_t l = 0; l < 16; ++l) {
+          const int64_t col = sw * 16 * q + 16 * half + l + e;  // the input column lane l loads
+          // Stride 1: lanes past the row's outputs are not stored, but must not read the next row.
+          const bool used = sw == 2 || 16 * q + l < dst_w;
+          if (used && col >= 0 && col < src_w) m |= 1u << l;
+        }
+        columns[(t * p.Q + q) * 2 + half] = static_cast<__mmask16>(m);
+      }
+    }
+  }
   for (int64_t i = 0; i < dst_h; ++i) {
     for (int64_t t = 0; t < taps; ++t) {
-      const auto [c, e] = offsets[t];
-      const bool row_inside = sh * i + c >= 0 && sh * i + c < src_h;
-      for (int64_t q = 0; q < p.Q; ++q) {
-        for (int64_t half = 0; half < 2; ++half) {
-          uint32_t m = 0;
-          for (int64_t l = 0; l < 16; ++l) {
-            const int64_t col = sw * 16 * q + 16 * half + l + e;  // the input column lane l loads
-            // Stride 1: lanes past the row's outputs are not stored, but must not read the next row.
-            const bool used = sw == 2 || 16 * q + l < dst_w;
-            if (row_inside && used && col >= 0 && col < src_w) m |= 1u << l;
-          }
-          p.masks[((i * taps + t) * p.Q + q) * 2 + half] = static_cast<__mmask16>(m);
-        }
+      const int64_t row = sh * i + offsets[t].first;
+      const bool row_inside = row >= 0 && row < src_h;
+      for (int64_t j = 0; j < p.Q * 2; ++j) {
+        p.masks[(i * taps + t) * p.Q * 2 + j] = row_inside ? columns[t * p.Q * 2 + j] : __mmask16{0};
       }
     }
   }
@@ -1183,7 +1191,6 @@ void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, cons
   constexpr int64_t taps = 9;
   const int64_t rows = p.dst_hw / p.dst_w, tap_stride = p.Q * 2;
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const std::array<int32_t, 16>& source = reduced_lane_source();
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
       const float* xs = x + plane * p.src_hw;
@@ -1201,12 +1208,7 @@ void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, cons
           acc[taps] = _mm512_add_ps(acc[taps], g);
         }
       }
-      alignas(64) float r[16];
-      _mm512_store_ps(r, reduce16(acc));
-      float* out = ws + plane * (taps + 1);
-      for (int l = 0; l < 16; ++l) {
-        if (source[l] <= taps) out[source[l]] = r[l];
-      }
+      store_lane_sums(ws + plane * (taps + 1), acc, taps + 1);
     }
   });
 }
