@@ -17,11 +17,12 @@
 // gradient at any stride is a stride-1 forward over grad_output spread out by the stride: (s*s - 1)
 // of s*s products multiply an inserted zero, still faster than the phase planes on small maps.
 //
-// On AVX-512, fp32 3x3 kernels go first to two paths that read the planes as they lie:
-// rows to 16 wide (register_conv, register_wgrad: whole rows per vector, a tap is one two-source
-// permute; stride 1 and, on rows over 8 wide, stride 2 for the forward and weight gradient), and
-// rows over 16 wide (wide_conv, wide_wgrad: a tap is one masked unaligned load, two and a permute at
-// column stride 2; the input gradient at stride 1 only).
+// fp32 3x3 kernels go first to two paths that read the planes as they lie: on AVX-512, rows to 16
+// wide (register_conv, register_wgrad: whole rows per vector, a tap is one two-source permute; stride
+// 1 and, on rows over 8 wide, stride 2 for the forward and weight gradient); on AVX-512 and AVX2, rows
+// over 16 wide (wide_conv, wide_wgrad: a tap is one unaligned load, masked at the row's edges, two
+// and a permute at column stride 2; the stride-2 input gradient spreads a window of grad_output to
+// the lanes of each column parity, wide_dgrad_s2).
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -584,6 +585,22 @@ bool use_blocked(const DepthwiseGeometry& g, const BlockedGeom& b) {
   return g.KW > 3 || g.sw > 1 || b.OW <= 16;
 }
 
+// a / b rounded down (b > 0).
+inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+// The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
+// grad_output: output (i, j) reads source (i + c, j + e) at stride 1 (the two paths below).
+std::vector<std::pair<int64_t, int64_t>> tap_offsets(const DepthwiseGeometry& g, bool dgrad) {
+  std::vector<std::pair<int64_t, int64_t>> offsets;
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      const int64_t c = kh * g.dh - g.pt, e = kw * g.dw - g.pl;
+      offsets.emplace_back(dgrad ? -c : c, dgrad ? -e : e);
+    }
+  }
+  return offsets;
+}
+
 // ---- small planes in registers (fp32, AVX-512) --------------------------------------------------
 // Rows at most 16 wide: a vector holds R = 16 / W whole rows, and the plane's vectors are contiguous
 // runs of its NCHW storage (R*W elements; the last one zero-filled), so they load and store without a
@@ -613,8 +630,6 @@ struct RegisterPlan {
   int64_t first, span;               // buffer slot 0 holds source vector `first` (<= 0); slots in all
   std::vector<RegisterTap> taps;
 };
-
-inline int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 // Plans dst (dst_h x dst_w, dst_rows rows a vector) from src (src_h x src_w, src_rows rows a vector),
 // tap t reading source (sh * i + offsets[t].first, sw * j + offsets[t].second) for output (i, j).
@@ -667,11 +682,37 @@ inline __mmask16 lanes_of(int64_t lanes, int64_t hw, int64_t v) {
 inline __mmask16 src_lanes(const RegisterPlan& p, int64_t v) { return lanes_of(p.src_lanes, p.src_hw, v); }
 inline __mmask16 dst_lanes(const RegisterPlan& p, int64_t v) { return lanes_of(p.dst_lanes, p.dst_hw, v); }
 
+// The store mask of output vector v: all 16 lanes where they lie inside the plane (the lanes past the
+// vector's own land in the next vector of the plane, which every caller stores after this one), else
+// the vector's lanes. Masked stores, even of all 16 lanes, stream at about half the rate of plain ones
+// on Zen 5 (a standalone loop; the stride-2 input gradient ran 2.5x faster without them).
+inline __mmask16 store_lanes(const RegisterPlan& p, int64_t v) {
+  return v * p.dst_lanes + 16 <= p.dst_hw ? __mmask16{0xFFFF} : dst_lanes(p, v);
+}
+
+C10_ALWAYS_INLINE void store_vector(float* out, __mmask16 lanes, __m512 v) {
+  if (lanes == 0xFFFF) {
+    _mm512_storeu_ps(out, v);
+  } else {
+    _mm512_mask_storeu_ps(out, lanes, v);
+  }
+}
+
+// The vector at p, zero outside `lanes`: a plain load zeroed in registers where its 16 floats lie
+// before end (the tensor's end), a masked load only at the very end. Streaming from memory, a partly
+// masked load took 2-2.5x a plain one's time on Zen 5, and was 56% of the 14x14 forward's time there.
+C10_ALWAYS_INLINE __m512 load_lanes(const float* p, __mmask16 lanes, const float* end) {
+  if (p + 16 > end) return _mm512_maskz_loadu_ps(lanes, p);
+  __m512 v = _mm512_loadu_ps(p);
+  asm("" : "+v"(v));  // else GCC folds the load and the zeroing back into one masked load
+  return _mm512_maskz_mov_ps(lanes, v);
+}
+
 // slots[v - first] = source vector v: the plane's vectors, zero outside (the zeros are written by
-// the caller once per task; this rewrites only the plane's slots).
-inline void load_register_plane(__m512* slots, const float* src, const RegisterPlan& p) {
+// the caller once per task; this rewrites only the plane's slots). end: the end of src's tensor.
+inline void load_register_plane(__m512* slots, const float* src, const RegisterPlan& p, const float* end) {
   for (int64_t v = 0; v < p.src_vectors; ++v) {
-    slots[v - p.first] = _mm512_maskz_loadu_ps(src_lanes(p, v), src + v * p.src_lanes);
+    slots[v - p.first] = load_lanes(src + v * p.src_lanes, src_lanes(p, v), end);
   }
 }
 
@@ -710,10 +751,10 @@ C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* 
       acc3 = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, b3[o], idx, b3[o2]), _mm512_set1_ps(w3[t]), acc3);
     }
   }
-  _mm512_mask_storeu_ps(out[0], store[0], acc0);
-  if (m > 1) _mm512_mask_storeu_ps(out[1], store[1], acc1);
-  if (m > 2) _mm512_mask_storeu_ps(out[2], store[2], acc2);
-  if (m > 3) _mm512_mask_storeu_ps(out[3], store[3], acc3);
+  store_vector(out[0], store[0], acc0);
+  if (m > 1) store_vector(out[1], store[1], acc1);
+  if (m > 2) store_vector(out[2], store[2], acc2);
+  if (m > 3) store_vector(out[3], store[3], acc3);
 }
 
 // Planes of V <= 4 vectors whose taps read only vectors k - 1 and k (off -1 or 0; e.g. 3x3 on maps to
@@ -721,13 +762,13 @@ C10_ALWAYS_INLINE void register_vectors(float* const* out, const __m512* const* 
 // Four output vectors, four chains; the accumulators are indexed by compile-time constants only.
 template <int V>
 C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* in, const float* const* wc,
-                                         const float* init, const RegisterPlan& p) {
+                                         const float* init, const RegisterPlan& p, const float* end) {
   constexpr int P = 4 / V;
   const __m512 zero = _mm512_setzero_ps();
   __m512 x[P * V], acc[P * V];
   static_for<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
-    x[j] = _mm512_maskz_loadu_ps(src_lanes(p, v), in[i] + v * p.src_lanes);
+    x[j] = load_lanes(in[i] + v * p.src_lanes, src_lanes(p, v), end);
     acc[j] = _mm512_set1_ps(init[i]);
   });
   const int64_t taps = static_cast<int64_t>(p.taps.size());
@@ -753,7 +794,7 @@ C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* 
   }
   static_for<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
-    _mm512_mask_storeu_ps(out[i] + v * p.dst_lanes, dst_lanes(p, v), acc[j]);
+    store_vector(out[i] + v * p.dst_lanes, store_lanes(p, v), acc[j]);
   });
 }
 
@@ -771,6 +812,7 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
   bool resident = (V == 1 || V == 2 || V == 4) && p.src_vectors == V && p.step == 1;
   for (const RegisterTap& t : p.taps) resident = resident && (t.off == 0 || t.off == -1) && t.off2 == t.off + 1;
   const int64_t per_call = kChains / V;  // planes per register_resident call
+  const float* src_end = src + planes * p.src_hw;
   at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
     std::vector<__m512> buf(group * p.span, _mm512_setzero_ps());
     float* out[kChains];
@@ -794,14 +836,14 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
           set_plane(u, plane + u);
           in[u] = src + (plane + u) * p.src_hw;
         }
-        if (V == 1) register_resident<1>(out, in, wc, b, p);
-        if (V == 2) register_resident<2>(out, in, wc, b, p);
-        if (V == 4) register_resident<4>(out, in, wc, b, p);
+        if (V == 1) register_resident<1>(out, in, wc, b, p, src_end);
+        if (V == 2) register_resident<2>(out, in, wc, b, p, src_end);
+        if (V == 4) register_resident<4>(out, in, wc, b, p, src_end);
       }
     }
     if (group == 1) {
       for (; plane < end; ++plane) {
-        load_register_plane(buf.data(), src + plane * p.src_hw, p);
+        load_register_plane(buf.data(), src + plane * p.src_hw, p, src_end);
         const __m512* slots = buf.data();
         set_plane(0, plane);
         float* y = out[0];
@@ -815,7 +857,7 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
             const int64_t ku = k + std::min(u, m - 1);
             out[u] = y + ku * p.dst_lanes;
             base[u] = slots + (ku * p.step - p.first);
-            store[u] = dst_lanes(p, ku);
+            store[u] = store_lanes(p, ku);
           }
           register_vectors(out, base, wc, b, store, m, p);
         }
@@ -826,7 +868,7 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
       const int64_t count = std::min(group, end - plane);
       int64_t m = 0;
       for (int64_t i = 0; i < count; ++i, ++plane) {
-        load_register_plane(buf.data() + i * p.span, src + plane * p.src_hw, p);
+        load_register_plane(buf.data() + i * p.span, src + plane * p.src_hw, p, src_end);
         const int64_t ci = c;
         c = c + 1 == C ? 0 : c + 1;
         for (int64_t k = 0; k < V; ++k) {
@@ -834,7 +876,7 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
           base[m] = buf.data() + i * p.span + (k * p.step - p.first);
           wc[m] = w + ci * taps;
           b[m] = init ? init[ci] : 0.f;
-          store[m] = dst_lanes(p, k);
+          store[m] = store_lanes(p, k);
           if (++m == kChains) {
             register_vectors(out, base, wc, b, store, m, p);
             m = 0;
@@ -909,7 +951,7 @@ constexpr int64_t kWgradImages = 8;
 // the 10 sums in registers.
 template <int V>
 void register_wgrad_resident3x3(float* out, const float* x, const float* go, int64_t n0, int64_t n1, int64_t c,
-                                int64_t C, const RegisterPlan& p) {
+                                int64_t C, const RegisterPlan& p, const float* x_end, const float* go_end) {
   const __m512 zero = _mm512_setzero_ps();
   __m512i idx[9];
   static_for<9>([&](auto t) { idx[t] = _mm512_loadu_si512(p.taps[t].idx.data()); });
@@ -919,8 +961,8 @@ void register_wgrad_resident3x3(float* out, const float* x, const float* go, int
     const int64_t plane = n * C + c;
     __m512 xv[V], g[V];
     static_for<V>([&](auto v) {
-      xv[v] = _mm512_maskz_loadu_ps(src_lanes(p, v), x + plane * p.src_hw + v * p.src_lanes);
-      g[v] = _mm512_maskz_loadu_ps(dst_lanes(p, v), go + plane * p.dst_hw + v * p.dst_lanes);
+      xv[v] = load_lanes(x + plane * p.src_hw + v * p.src_lanes, src_lanes(p, v), x_end);
+      g[v] = load_lanes(go + plane * p.dst_hw + v * p.dst_lanes, dst_lanes(p, v), go_end);
       acc[9] = _mm512_add_ps(acc[9], g[v]);
     });
     static_for<9>([&](auto t) {
@@ -948,6 +990,7 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
   for (const RegisterTap& t : p.taps) {
     resident3x3 = resident3x3 && (t.off == 0 || t.off == -1) && t.off2 == t.off + 1;
   }
+  const float *x_end = x + N * C * p.src_hw, *go_end = go + N * C * p.dst_hw;
   at::parallel_for(0, blocks * C, grain, [&](int64_t begin, int64_t end) {
     std::vector<__m512> buf(p.span, _mm512_setzero_ps()), gv(p.dst_vectors), acc(sums);
     for (int64_t task = begin; task < end; ++task) {
@@ -955,19 +998,19 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
       const int64_t n0 = block * kWgradImages, n1 = std::min(N, n0 + kWgradImages);
       if (resident3x3) {
         float* out = ws + task * (taps + 1);
-        if (p.dst_vectors == 1) register_wgrad_resident3x3<1>(out, x, go, n0, n1, c, C, p);
-        if (p.dst_vectors == 2) register_wgrad_resident3x3<2>(out, x, go, n0, n1, c, C, p);
-        if (p.dst_vectors == 4) register_wgrad_resident3x3<4>(out, x, go, n0, n1, c, C, p);
+        if (p.dst_vectors == 1) register_wgrad_resident3x3<1>(out, x, go, n0, n1, c, C, p, x_end, go_end);
+        if (p.dst_vectors == 2) register_wgrad_resident3x3<2>(out, x, go, n0, n1, c, C, p, x_end, go_end);
+        if (p.dst_vectors == 4) register_wgrad_resident3x3<4>(out, x, go, n0, n1, c, C, p, x_end, go_end);
         continue;
       }
       std::fill(acc.begin(), acc.end(), _mm512_setzero_ps());
       for (int64_t n = n0; n < n1; ++n) {
         const int64_t plane = n * C + c;
-        load_register_plane(buf.data(), x + plane * p.src_hw, p);
+        load_register_plane(buf.data(), x + plane * p.src_hw, p, x_end);
         const float* gp = go + plane * p.dst_hw;
         __m512 gsum = acc[taps];
         for (int64_t k = 0; k < p.dst_vectors; ++k) {
-          gv[k] = _mm512_maskz_loadu_ps(dst_lanes(p, k), gp + k * p.dst_lanes);
+          gv[k] = load_lanes(gp + k * p.dst_lanes, dst_lanes(p, k), go_end);
           gsum = _mm512_add_ps(gsum, gv[k]);
         }
         acc[taps] = gsum;
@@ -1017,27 +1060,11 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
 // on 8-wide rows, half-empty vectors made 64x64x8x8 1.2x slower; the input gradient is a scatter).
 // FASTOPS_NCHW_REGISTER=0 in the environment (read once) turns it off, for such A/B runs.
 bool use_register_plane(const DepthwiseGeometry& g, bool weight_gradient) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FASTOPS_NCHW_REGISTER");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
+  static const bool enabled = switched_on("FASTOPS_NCHW_REGISTER");
   if (!enabled || g.W > 16 || g.OW > 16) return false;
   const bool k3 = g.KH <= 3 && g.KW <= 3;
   if (g.sh == 1 && g.sw == 1) return g.OW == g.W && (k3 || (weight_gradient && g.W > 8));
   return k3 && g.sh <= 2 && g.sw <= 2 && g.W > 8;
-}
-
-// The forward's (and the weight gradient's) tap offsets into x, or the input gradient's into
-// grad_output.
-std::vector<std::pair<int64_t, int64_t>> register_offsets(const DepthwiseGeometry& g, bool dgrad) {
-  std::vector<std::pair<int64_t, int64_t>> offsets;
-  for (int64_t kh = 0; kh < g.KH; ++kh) {
-    for (int64_t kw = 0; kw < g.KW; ++kw) {
-      const int64_t c = kh * g.dh - g.pt, e = kw * g.dw - g.pl;
-      offsets.emplace_back(dgrad ? -c : c, dgrad ? -e : e);
-    }
-  }
-  return offsets;
 }
 
 // The plan of the forward and the weight gradient (src x, dst the output plane) or of the stride-1
@@ -1045,7 +1072,7 @@ std::vector<std::pair<int64_t, int64_t>> register_offsets(const DepthwiseGeometr
 // one input row a vector and up to two output rows, so that an output vector reaches two input
 // vectors.
 RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
-  const auto offsets = register_offsets(g, dgrad);
+  const auto offsets = tap_offsets(g, dgrad);
   if (g.sh == 1 && g.sw == 1) {
     const int64_t rows = 16 / g.W;
     return dgrad ? register_plan(g.OH, g.OW, rows, g.H, g.W, rows, 1, 1, offsets)
@@ -1056,178 +1083,497 @@ RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
 }
 #endif
 
-// ---- rows over 16 wide (fp32, AVX-512, 3x3) ---------------------------------------------------
-// A row of OW > 16 outputs is Q = ceil(OW / 16) vectors. Tap (c, e) of output vector (i, q) reads
-// input row sh * i + c from column sw * 16 q + e: at stride 1 one unaligned load from the plane as it
-// lies, at column stride 2 two loads and a permute to the even lanes; each load masked to the columns
-// inside the row (and to nothing where the row is outside the plane: AVX-512 masked loads do not fault
-// on masked lanes), then one FMA. No copy into padded phase planes and no computed-and-dropped
-// columns, which is what the plane path pays. The input gradient takes it at stride 1 only.
+// ---- rows over 16 wide (fp32, AVX-512 and AVX2, 3x3) ----------------------------------------
+// A row of OW > 16 outputs is Q = ceil(OW / L) vectors (L = 16 lanes on AVX-512, 8 on AVX2). Tap
+// (c, e) of output vector (i, q) reads input row sh * i + c from column sw * L q + e: at stride 1 one
+// unaligned load from the plane as it lies, at column stride 2 two loads and a permute to the even
+// lanes, then one FMA. No copy into padded phase planes and no computed-and-dropped columns, which is
+// what the plane path pays. Kernel rows outside the plane are skipped (the top and bottom output rows
+// run fewer taps); the vectors of a row whose every tap reads whole input vectors run four at a time
+// from one pointer with plain loads; the others (a row's edges) load each tap masked to the columns
+// inside the row, with a plain load where that mask is whole; a whole vector takes a plain store.
+// On the Zen 5 host of this work, streaming from memory, a partly masked AVX-512 load or any
+// VMASKMOVPS took 2-2.5x a plain load's time, and a masked AVX-512 store, even of all 16 lanes, twice
+// a plain store's (standalone loops; masked loads on every tap ran the path 2-4x slower, masked stores
+// the stride-2 input gradient 2.5x; benchmarks/results/depthwise_conv2d_cpu_nchw_wide_avx2.md). The
+// input gradient takes the path at stride 1, and at stride 2 as wide_dgrad_s2.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #if defined(CPU_CAPABILITY_AVX512)
+// The vector operations of the wide-row kernels, for the build's ISA.
+struct WideIsa {
+  static constexpr int64_t kLanes = 16;
+  using Vec = __m512;
+  struct Mask {
+    __mmask16 bits;
+    bool whole;  // every lane: a plain load or store
+  };
+  static Mask mask(uint32_t lanes) { return {static_cast<__mmask16>(lanes), lanes == 0xFFFF}; }
+  static Vec load(const Mask& m, const float* p) {
+    return m.whole ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m.bits, p);
+  }
+  static Vec load_whole(const float* p) { return _mm512_loadu_ps(p); }
+  static void store_whole(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+  static void store(float* p, const Mask& m, Vec v) {
+    if (m.whole) {
+      _mm512_storeu_ps(p, v);
+    } else {
+      _mm512_mask_storeu_ps(p, m.bits, v);
+    }
+  }
+  static Vec even_lanes(Vec lo, Vec hi) {  // lanes 0, 2, ..., 30 of lo:hi
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(lo, even, hi);
+  }
+  struct Gather {  // lane l = v[idx[l]] where keep has lane l, else 0
+    __m512i idx;
+    __mmask16 keep;
+  };
+  static Gather gather_of(const int32_t* idx, uint32_t keep) {
+    return {_mm512_loadu_si512(idx), static_cast<__mmask16>(keep)};
+  }
+  static Vec gather(const Gather& g, Vec v) { return _mm512_maskz_permutexvar_ps(g.keep, g.idx, v); }
+  static Vec broadcast(float v) { return _mm512_set1_ps(v); }
+  static Vec zero() { return _mm512_setzero_ps(); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+  static void store_sums(float* out, const Vec* acc, int64_t count) { store_lane_sums(out, acc, count); }
+};
+#else
+struct WideIsa {
+  static constexpr int64_t kLanes = 8;
+  using Vec = __m256;
+  struct Mask {  // VMASKMOVPS's mask: a lane is read / written where its sign bit is set
+    alignas(32) std::array<int32_t, 8> lane;
+    bool whole;  // every lane: a plain load or store
+  };
+  static Mask mask(uint32_t lanes) {
+    Mask m;
+    for (int l = 0; l < 8; ++l) m.lane[l] = (lanes >> l) & 1 ? -1 : 0;
+    m.whole = lanes == 0xFF;
+    return m;
+  }
+  static __m256i bits(const Mask& m) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(m.lane.data())); }
+  static Vec load(const Mask& m, const float* p) {
+    return m.whole ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, bits(m));
+  }
+  static Vec load_whole(const float* p) { return _mm256_loadu_ps(p); }
+  static void store_whole(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+  // VMASKMOVPS stores are slow on AMD: a whole vector takes a plain store.
+  static void store(float* p, const Mask& m, Vec v) {
+    if (m.whole) {
+      _mm256_storeu_ps(p, v);
+    } else {
+      _mm256_maskstore_ps(p, bits(m), v);
+    }
+  }
+  static Vec even_lanes(Vec lo, Vec hi) {  // lo0 lo2 hi0 hi2 | lo4 lo6 hi4 hi6, then the 64-bit pairs reordered
+    const __m256 s = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+  struct Gather {  // lane l = v[idx[l]] where keep has lane l, else 0
+    __m256i idx;
+    __m256 keep;
+  };
+  static Gather gather_of(const int32_t* idx, uint32_t keep) {
+    Mask m = mask(keep);
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx)), _mm256_castsi256_ps(bits(m))};
+  }
+  static Vec gather(const Gather& g, Vec v) { return _mm256_and_ps(_mm256_permutevar8x32_ps(v, g.idx), g.keep); }
+  static Vec broadcast(float v) { return _mm256_set1_ps(v); }
+  static Vec zero() { return _mm256_setzero_ps(); }
+  static Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+  static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+  // Each sum in a fixed order (lanes pairwise, then the halves): bitwise repeatable.
+  static void store_sums(float* out, const Vec* acc, int64_t count) {
+    for (int64_t s = 0; s < count; ++s) {
+      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[s]), _mm256_extractf128_ps(acc[s], 1));
+      const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      out[s] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+    }
+  }
+};
+#endif
+
+// A plane's plan on the ISA I: which kernel rows each output row reaches inside the plane, and how a
+// row's output vectors split between a run of whole vectors (every tap reads whole input vectors:
+// plain loads, four vectors from one pointer) and the rest (the row's edges and what is left of the
+// run: masked loads, vector by vector). Rows outside the plane are skipped, not masked.
+template <class I>
 struct WidePlan {
-  int64_t src_hw, dst_hw, src_w, dst_w, Q, sh, sw;
-  std::vector<int64_t> tap_off;      // c * src_w + e
-  std::vector<__mmask16> masks;      // (dst row, tap, q, 2 loads): the lanes each load reads
-  std::vector<__mmask16> row_lanes;  // (q): the lanes of a row's vector q
+  int64_t src_hw, dst_hw, src_w, dst_w, dst_h, Q, sh, sw;
+  std::vector<int64_t> tap_off;                    // c * src_w + e, kernel-row major, 3 taps a row
+  std::vector<std::pair<int64_t, int64_t>> krows;  // (dst row): the kernel rows [kh0, kh1) inside the plane
+  int64_t run_q0 = 0, run_n = 0;                   // whole vectors [run_q0, run_q0 + run_n), run_n a multiple of 4
+  std::vector<int64_t> other_q;                    // the row's other vectors
+  std::vector<typename I::Mask> masks;             // (q, tap, 2 loads): the columns each load reads
+  std::vector<typename I::Mask> row_lanes;         // (q): the lanes of a row's vector q
 };
 
-WidePlan wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, int64_t sh, int64_t sw,
-                   const std::vector<std::pair<int64_t, int64_t>>& offsets) {
-  WidePlan p;
+template <class I>
+WidePlan<I> wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, int64_t sh, int64_t sw,
+                      const std::vector<std::pair<int64_t, int64_t>>& offsets) {
+  constexpr int64_t L = I::kLanes, taps = 9;
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(offsets.size()) == taps);
+  WidePlan<I> p;
   p.src_hw = src_h * src_w;
   p.dst_hw = dst_h * dst_w;
   p.src_w = src_w;
   p.dst_w = dst_w;
-  p.Q = div_up(dst_w, 16);
+  p.dst_h = dst_h;
+  p.Q = div_up(dst_w, L);
   p.sh = sh;
   p.sw = sw;
-  const int64_t taps = static_cast<int64_t>(offsets.size());
-  p.masks.resize(dst_h * taps * p.Q * 2);
   for (const auto& [c, e] : offsets) p.tap_off.push_back(c * src_w + e);
-  for (int64_t q = 0; q < p.Q; ++q) {
-    p.row_lanes.push_back(static_cast<__mmask16>((1u << std::min<int64_t>(16, dst_w - 16 * q)) - 1));
+  for (int64_t i = 0; i < dst_h; ++i) {
+    int64_t kh0 = 3, kh1 = 0;
+    for (int64_t kh = 0; kh < 3; ++kh) {
+      const int64_t row = sh * i + offsets[kh * 3].first;
+      if (row >= 0 && row < src_h) kh0 = std::min(kh0, kh), kh1 = kh + 1;
+    }
+    p.krows.emplace_back(std::min(kh0, kh1), kh1);
   }
-  // The columns each load reads depend on the tap and q only; a row outside the plane clears them.
-  std::vector<__mmask16> columns(taps * p.Q * 2);
-  for (int64_t t = 0; t < taps; ++t) {
-    const int64_t e = offsets[t].second;
-    for (int64_t q = 0; q < p.Q; ++q) {
+  const uint32_t all = (1u << L) - 1;
+  std::vector<bool> whole(p.Q, true);
+  for (int64_t q = 0; q < p.Q; ++q) {
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t e = offsets[t].second;
       for (int64_t half = 0; half < 2; ++half) {
         uint32_t m = 0;
-        for (int64_t l = 0; l < 16; ++l) {
-          const int64_t col = sw * 16 * q + 16 * half + l + e;  // the input column lane l loads
+        for (int64_t l = 0; l < L; ++l) {
+          const int64_t col = sw * L * q + L * half + l + e;  // the input column lane l loads
           // Stride 1: lanes past the row's outputs are not stored, but must not read the next row.
-          const bool used = sw == 2 || 16 * q + l < dst_w;
+          const bool used = sw == 2 || L * q + l < dst_w;
           if (used && col >= 0 && col < src_w) m |= 1u << l;
         }
-        columns[(t * p.Q + q) * 2 + half] = static_cast<__mmask16>(m);
+        p.masks.push_back(I::mask(m));
+        if (half < sw && m != all) whole[q] = false;
       }
     }
+    p.row_lanes.push_back(I::mask((1u << std::min<int64_t>(L, dst_w - L * q)) - 1));
+    if (L * (q + 1) > dst_w) whole[q] = false;
   }
-  for (int64_t i = 0; i < dst_h; ++i) {
-    for (int64_t t = 0; t < taps; ++t) {
-      const int64_t row = sh * i + offsets[t].first;
-      const bool row_inside = row >= 0 && row < src_h;
-      for (int64_t j = 0; j < p.Q * 2; ++j) {
-        p.masks[(i * taps + t) * p.Q * 2 + j] = row_inside ? columns[t * p.Q * 2 + j] : __mmask16{0};
-      }
-    }
+  // The first run of whole vectors, in fours.
+  const int64_t qa = std::find(whole.begin(), whole.end(), true) - whole.begin();
+  const int64_t qb = std::find(whole.begin() + qa, whole.end(), false) - whole.begin();
+  p.run_q0 = qa;
+  p.run_n = (qb - qa) / 4 * 4;
+  for (int64_t q = 0; q < p.Q; ++q) {
+    if (q < p.run_q0 || q >= p.run_q0 + p.run_n) p.other_q.push_back(q);
   }
   return p;
 }
 
-// Tap t of the output vector whose input starts at base (masks mk, this vector's: (tap, 2) stride
-// Q * 2 a tap).
-template <int64_t kColumnStride>
-C10_ALWAYS_INLINE __m512 wide_tap(const float* base, const __mmask16* mk, int64_t off, const __m512i even) {
-  const __m512 lo = _mm512_maskz_loadu_ps(mk[0], base + off);
+// The tap of an output vector whose tap input starts at x: plain loads in the run (kMasked false),
+// masked loads for the other vectors (mk: this tap's two masks).
+template <class I, int64_t kColumnStride, bool kMasked>
+C10_ALWAYS_INLINE typename I::Vec wide_tap(const float* x, const typename I::Mask* mk) {
+  const auto load = [&](int64_t half) {
+    if constexpr (kMasked) {
+      return I::load(mk[half], x + half * I::kLanes);
+    } else {
+      return I::load_whole(x + half * I::kLanes);
+    }
+  };
   if constexpr (kColumnStride == 1) {
-    return lo;
+    return load(0);
   } else {
-    return _mm512_permutex2var_ps(lo, even, _mm512_maskz_loadu_ps(mk[1], base + off + 16));
+    return I::even_lanes(load(0), load(1));
   }
 }
 
-// dst planes = init[c] + sum_t w[c, t] * tap t of the src planes, 3x3 (9 taps): four output vectors
-// of a plane at a time (named accumulators, as in register_vectors).
-template <int64_t kColumnStride>
+// The run of one output row: y = init + sum over the taps [t0, t1) of w[t] * tap t, four whole
+// vectors at a time from one pointer (named accumulators, as in register_vectors).
+template <class I, int64_t kColumnStride>
+C10_ALWAYS_INLINE void wide_conv_run(float* yr, const float* xr, const float* wc, typename I::Vec b, int64_t t0,
+                                     int64_t t1, const WidePlan<I>& p) {
+  using Vec = typename I::Vec;
+  constexpr int64_t L = I::kLanes, V = kColumnStride * L;  // input advance per output vector
+  for (int64_t j = 0; j < p.run_n; j += 4) {
+    const float* x0 = xr + (p.run_q0 + j) * V;
+    float* y0 = yr + (p.run_q0 + j) * L;
+    Vec a0 = b, a1 = b, a2 = b, a3 = b;
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* xt = x0 + p.tap_off[t];
+      const Vec wv = I::broadcast(wc[t]);
+      a0 = I::fmadd(wide_tap<I, kColumnStride, false>(xt, nullptr), wv, a0);
+      a1 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + V, nullptr), wv, a1);
+      a2 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + 2 * V, nullptr), wv, a2);
+      a3 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + 3 * V, nullptr), wv, a3);
+    }
+    I::store_whole(y0, a0);
+    I::store_whole(y0 + L, a1);
+    I::store_whole(y0 + 2 * L, a2);
+    I::store_whole(y0 + 3 * L, a3);
+  }
+}
+
+// m <= 4 of the other output vectors, (row i, vector q) each, over the taps [t0, t1): masked loads,
+// one accumulator chain each (spare chains repeat the last vector and are not stored). Each vector
+// has a source and a mask pointer; the taps advance both by offsets shared by the four.
+template <class I, int64_t kColumnStride>
+C10_ALWAYS_INLINE void wide_conv_others(float* ys, const float* xs, const float* wc, typename I::Vec b,
+                                        const std::array<std::pair<int64_t, int64_t>, 4>& iq, int64_t m, int64_t t0,
+                                        int64_t t1, const WidePlan<I>& p) {
+  using Vec = typename I::Vec;
+  using Mask = typename I::Mask;
+  constexpr int64_t L = I::kLanes, V = kColumnStride * L;
+  const float *x0, *x1, *x2, *x3;
+  const Mask *k0, *k1, *k2, *k3;
+  const auto source = [&](int64_t u, const float*& x, const Mask*& k) {
+    const auto [i, q] = iq[std::min(u, m - 1)];
+    x = xs + p.sh * i * p.src_w + q * V;
+    k = p.masks.data() + q * 18;
+  };
+  source(0, x0, k0);
+  source(1, x1, k1);
+  source(2, x2, k2);
+  source(3, x3, k3);
+  Vec a0 = b, a1 = b, a2 = b, a3 = b;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t off = p.tap_off[t], mt = 2 * t;
+    const Vec wv = I::broadcast(wc[t]);
+    a0 = I::fmadd(wide_tap<I, kColumnStride, true>(x0 + off, k0 + mt), wv, a0);
+    a1 = I::fmadd(wide_tap<I, kColumnStride, true>(x1 + off, k1 + mt), wv, a1);
+    a2 = I::fmadd(wide_tap<I, kColumnStride, true>(x2 + off, k2 + mt), wv, a2);
+    a3 = I::fmadd(wide_tap<I, kColumnStride, true>(x3 + off, k3 + mt), wv, a3);
+  }
+  const auto store = [&](int64_t u, Vec a) {
+    const auto [i, q] = iq[u];
+    I::store(ys + i * p.dst_w + q * L, p.row_lanes[q], a);
+  };
+  store(0, a0);
+  if (m > 1) store(1, a1);
+  if (m > 2) store(2, a2);
+  if (m > 3) store(3, a3);
+}
+
+// dst planes = init[c] + sum_t w[c, t] * tap t of the src planes, 3x3. The rows whose kernel rows all
+// lie inside the plane share their other vectors' groups of four across rows (a row has 2-4 of them:
+// per row, spare chains wasted up to half the work on 14-28 wide maps); the few rows at the top and
+// bottom edges (fewer taps) go row by row.
+template <class I, int64_t kColumnStride>
 void wide_conv(float* dst, const float* src, const float* w, const float* init, int64_t planes, int64_t C,
-               const WidePlan& p) {
-  constexpr int64_t taps = 9;
-  const int64_t rows = p.dst_hw / p.dst_w, items = rows * p.Q, tap_stride = p.Q * 2;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+               const WidePlan<I>& p) {
+  const int64_t others = static_cast<int64_t>(p.other_q.size());
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    std::array<std::pair<int64_t, int64_t>, 4> iq;
     for (int64_t plane = begin; plane < end; ++plane) {
       const int64_t c = plane % C;
       const float* xs = src + plane * p.src_hw;
       float* ys = dst + plane * p.dst_hw;
-      const float* wc = w + c * taps;
-      const __m512 b = _mm512_set1_ps(init ? init[c] : 0.f);
-      int64_t i = 0, q = 0;  // the next item's row and vector
-      for (int64_t item0 = 0; item0 < items; item0 += 4) {
-        const int64_t m = std::min<int64_t>(4, items - item0);
-        const float* base[4];
-        float* out[4];
-        const __mmask16* mk[4];
-        __mmask16 st[4];
-        for (int64_t u = 0; u < 4; ++u) {
-          if (u < m) {
-            base[u] = xs + p.sh * i * p.src_w + kColumnStride * 16 * q;
-            out[u] = ys + i * p.dst_w + 16 * q;
-            mk[u] = p.masks.data() + (i * taps * p.Q + q) * 2;
-            st[u] = p.row_lanes[q];
-            if (++q == p.Q) q = 0, ++i;
-          } else {  // spare chains repeat item 0 and are not stored
-            base[u] = base[0];
-            out[u] = out[0];
-            mk[u] = mk[0];
-            st[u] = st[0];
+      const float* wc = w + c * 9;
+      const typename I::Vec b = I::broadcast(init ? init[c] : 0.f);
+      int64_t pending = 0;  // interior rows' other vectors gathered into iq
+      for (int64_t i = 0; i < p.dst_h; ++i) {
+        const auto [kh0, kh1] = p.krows[i];
+        wide_conv_run<I, kColumnStride>(ys + i * p.dst_w, xs + p.sh * i * p.src_w, wc, b, 3 * kh0, 3 * kh1, p);
+        const bool interior = kh0 == 0 && kh1 == 3;
+        for (int64_t k0 = 0; !interior && k0 < others; k0 += 4) {
+          const int64_t m = std::min<int64_t>(4, others - k0);
+          std::array<std::pair<int64_t, int64_t>, 4> row;
+          for (int64_t u = 0; u < m; ++u) row[u] = {i, p.other_q[k0 + u]};
+          wide_conv_others<I, kColumnStride>(ys, xs, wc, b, row, m, 3 * kh0, 3 * kh1, p);
+        }
+        for (int64_t k = 0; interior && k < others; ++k) {
+          iq[pending++] = {i, p.other_q[k]};
+          if (pending == 4) {
+            wide_conv_others<I, kColumnStride>(ys, xs, wc, b, iq, 4, 0, 9, p);
+            pending = 0;
           }
         }
-        __m512 a0 = b, a1 = b, a2 = b, a3 = b;
-        const float *b0 = base[0], *b1 = base[1], *b2 = base[2], *b3 = base[3];
-        const __mmask16 *m0 = mk[0], *m1 = mk[1], *m2 = mk[2], *m3 = mk[3];
-        for (int64_t t = 0; t < taps; ++t) {
-          const int64_t off = p.tap_off[t], mo = t * tap_stride;
-          const __m512 wv = _mm512_set1_ps(wc[t]);
-          a0 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b0, m0 + mo, off, even), wv, a0);
-          a1 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b1, m1 + mo, off, even), wv, a1);
-          a2 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b2, m2 + mo, off, even), wv, a2);
-          a3 = _mm512_fmadd_ps(wide_tap<kColumnStride>(b3, m3 + mo, off, even), wv, a3);
-        }
-        _mm512_mask_storeu_ps(out[0], st[0], a0);
-        if (m > 1) _mm512_mask_storeu_ps(out[1], st[1], a1);
-        if (m > 2) _mm512_mask_storeu_ps(out[2], st[2], a2);
-        if (m > 3) _mm512_mask_storeu_ps(out[3], st[3], a3);
       }
+      if (pending > 0) wide_conv_others<I, kColumnStride>(ys, xs, wc, b, iq, pending, 0, 9, p);
     }
   });
 }
 
-// ws (planes, 10): per plane, the 9 taps' sums of g * x, then the sum of g (3x3). One output vector at a
-// time; the 10 sums are 10 independent chains in registers, reduced once per plane.
-template <int64_t kColumnStride>
-void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, const WidePlan& p) {
-  constexpr int64_t taps = 9;
-  const int64_t rows = p.dst_hw / p.dst_w, tap_stride = p.Q * 2;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+// One output vector's share of the weight gradient, into acc: the taps' sums of g * x over the kernel
+// rows [kh0, kh1) (compile-time tap indices: the 9 sums stay in registers), then the sum of g.
+template <class I, int64_t kColumnStride, bool kMasked>
+C10_ALWAYS_INLINE void wide_wgrad_vector(typename I::Vec (&acc)[16], const float* x, typename I::Vec g,
+                                         const typename I::Mask* mk, int64_t kh0, int64_t kh1, const WidePlan<I>& p) {
+  static_for<3>([&](auto kh) {
+    if (kh >= kh0 && kh < kh1) {
+      static_for<3>([&](auto kw) {
+        constexpr int64_t t = 3 * kh + kw;
+        acc[t] = I::fmadd(g, wide_tap<I, kColumnStride, kMasked>(x + p.tap_off[t], mk + 2 * t), acc[t]);
+      });
+    }
+  });
+  acc[9] = I::add(acc[9], g);
+}
+
+// ws (planes, 10): per plane, the 9 taps' sums of g * x, then the sum of g, reduced once per plane.
+// The lane sums of every ~16 output vectors are added into plane totals: a lane's chain on a 64x64
+// plane was 512 products long on AVX2 and missed the tolerance of the float64 comparison.
+template <class I, int64_t kColumnStride>
+void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, const WidePlan<I>& p) {
+  using Vec = typename I::Vec;
+  constexpr int64_t L = I::kLanes, V = kColumnStride * L;
+  const int64_t chunk_rows = std::max<int64_t>(1, 16 / p.Q);
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
-      const float* xs = x + plane * p.src_hw;
-      const float* gs = go + plane * p.dst_hw;
-      __m512 acc[16];
-      static_for<16>([&](auto t) { acc[t] = _mm512_setzero_ps(); });
-      for (int64_t i = 0; i < rows; ++i) {
-        for (int64_t q = 0; q < p.Q; ++q) {
-          const float* base = xs + p.sh * i * p.src_w + kColumnStride * 16 * q;
-          const __mmask16* mk = p.masks.data() + (i * taps * p.Q + q) * 2;
-          const __m512 g = _mm512_maskz_loadu_ps(p.row_lanes[q], gs + i * p.dst_w + 16 * q);
-          static_for<taps>([&](auto t) {
-            acc[t] = _mm512_fmadd_ps(g, wide_tap<kColumnStride>(base, mk + t * tap_stride, p.tap_off[t], even), acc[t]);
+      Vec acc[16], total[16];  // store_sums reduces 16 at a time on AVX-512
+      static_for<16>([&](auto t) { total[t] = I::zero(); });
+      for (int64_t i0 = 0; i0 < p.dst_h; i0 += chunk_rows) {
+        static_for<10>([&](auto t) { acc[t] = I::zero(); });
+        for (int64_t i = i0; i < std::min(p.dst_h, i0 + chunk_rows); ++i) {
+          const auto [kh0, kh1] = p.krows[i];
+          const float* xr = x + plane * p.src_hw + p.sh * i * p.src_w;
+          const float* gr = go + plane * p.dst_hw + i * p.dst_w;
+          for (int64_t q = p.run_q0; q < p.run_q0 + p.run_n; ++q) {
+            wide_wgrad_vector<I, kColumnStride, false>(acc, xr + q * V, I::load_whole(gr + q * L), nullptr, kh0, kh1,
+                                                       p);
+          }
+          for (const int64_t q : p.other_q) {
+            wide_wgrad_vector<I, kColumnStride, true>(acc, xr + q * V, I::load(p.row_lanes[q], gr + q * L),
+                                                      p.masks.data() + q * 18, kh0, kh1, p);
+          }
+        }
+        static_for<10>([&](auto t) { total[t] = I::add(total[t], acc[t]); });
+      }
+      I::store_sums(ws + plane * 10, total, 10);
+    }
+  });
+}
+
+// The input gradient at stride 2 (3x3, dilation 1, padding to 2): dx(i, j) = sum of w(kh, kw) *
+// g((i + pt - kh) / 2, (j + pl - kw) / 2) over the taps whose numerators are even. A dx row reads one
+// or two grad_output rows (kernel rows of the row's parity); a vector of L dx columns reads a window of
+// L grad_output columns of each, whose lanes each kernel column spreads to the dx lanes of its parity
+// with one in-register permute (zero elsewhere). The window is a plain load where it lies inside the
+// row, masked at the row's ends. This replaces the zero-spread forward (three of four products
+// multiply an inserted zero) and the phase planes.
+template <class I>
+struct WideDgradPlan {
+  int64_t Q;                                   // dx vectors a row
+  std::vector<int64_t> window;                 // (q): the window's first grad_output column
+  std::vector<typename I::Mask> window_lanes;  // (q): its columns inside the row
+  std::vector<typename I::Mask> row_lanes;     // (q): the dx lanes of vector q
+  std::array<typename I::Gather, 3> spread;    // (kw): window lanes to dx lanes
+};
+
+template <class I>
+WideDgradPlan<I> wide_dgrad_plan(const DepthwiseGeometry& g) {
+  constexpr int64_t L = I::kLanes;
+  WideDgradPlan<I> p;
+  p.Q = div_up(g.W, L);
+  const int64_t first = floor_div(g.pl - 2, 2);  // the window's first column, relative to j0 / 2
+  for (int64_t q = 0; q < p.Q; ++q) {
+    const int64_t c0 = q * L / 2 + first;
+    uint32_t inside = 0;
+    for (int64_t l = 0; l < L; ++l) inside |= (c0 + l >= 0 && c0 + l < g.OW ? 1u : 0u) << l;
+    p.window.push_back(c0);
+    p.window_lanes.push_back(I::mask(inside));
+    p.row_lanes.push_back(I::mask((1u << std::min<int64_t>(L, g.W - L * q)) - 1));
+  }
+  for (int64_t kw = 0; kw < 3; ++kw) {
+    std::array<int32_t, 16> idx{};
+    uint32_t keep = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t num = g.pl + l - kw;  // (j0 even)
+      if (num % 2 != 0) continue;
+      idx[l] = static_cast<int32_t>(floor_div(num, 2) - first);
+      TORCH_INTERNAL_ASSERT(idx[l] >= 0 && idx[l] < L);
+      keep |= 1u << l;
+    }
+    p.spread[kw] = I::gather_of(idx.data(), keep);
+  }
+  return p;
+}
+
+template <class I>
+void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGeometry& g) {
+  using Vec = typename I::Vec;
+  constexpr int64_t L = I::kLanes;
+  const WideDgradPlan<I> p = wide_dgrad_plan<I>(g);
+  const int64_t planes = g.N * g.C, ohw = g.OH * g.OW, hw = g.H * g.W;
+  at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t plane = begin; plane < end; ++plane) {
+      const float* gs = go + plane * ohw;
+      float* xs = dx + plane * hw;
+      const float* wc = w + (plane % g.C) * 9;
+      for (int64_t i = 0; i < g.H; ++i) {
+        // The kernel rows of this row's parity whose grad_output row is inside the plane.
+        int64_t kh_list[2], rows[2], nk = 0;
+        for (int64_t kh = (i + g.pt) % 2; kh < 3; kh += 2) {
+          const int64_t r = (i + g.pt - kh) / 2;
+          if (i + g.pt - kh >= 0 && r < g.OH) kh_list[nk] = kh, rows[nk++] = r;
+        }
+        float* xr = xs + i * g.W;
+        for (int64_t q0 = 0; q0 < p.Q; q0 += 4) {
+          const int64_t m = std::min<int64_t>(4, p.Q - q0);
+          Vec acc[4] = {I::zero(), I::zero(), I::zero(), I::zero()};
+          for (int64_t k = 0; k < nk; ++k) {
+            const float* gr = gs + rows[k] * g.OW;
+            const float* wk = wc + 3 * kh_list[k];
+            const Vec w0 = I::broadcast(wk[0]), w1 = I::broadcast(wk[1]), w2 = I::broadcast(wk[2]);
+            static_for<4>([&](auto u) {
+              const int64_t q = q0 + std::min<int64_t>(u, m - 1);  // spares repeat the last
+              const Vec win = I::load(p.window_lanes[q], gr + p.window[q]);
+              acc[u] = I::fmadd(I::gather(p.spread[0], win), w0, acc[u]);
+              acc[u] = I::fmadd(I::gather(p.spread[1], win), w1, acc[u]);
+              acc[u] = I::fmadd(I::gather(p.spread[2], win), w2, acc[u]);
+            });
+          }
+          static_for<4>([&](auto u) {
+            if (u < m) I::store(xr + (q0 + u) * L, p.row_lanes[q0 + u], acc[u]);
           });
-          acc[taps] = _mm512_add_ps(acc[taps], g);
         }
       }
-      store_lane_sums(ws + plane * (taps + 1), acc, taps + 1);
     }
   });
 }
 
 // Where the wide-row path runs: 3x3 kernels on input rows over 16 wide; at stride 1 with output rows
-// as wide as the input's, at stride 2 (rows, columns or both) for the forward and weight gradient.
-bool use_wide_rows(const DepthwiseGeometry& g, bool input_gradient) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("FASTOPS_NCHW_WIDE");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  if (!enabled || g.KH * g.KW != 9 || g.W <= 16) return false;
-  if (g.sh == 1 && g.sw == 1) return g.OW == g.W;
-  return !input_gradient && g.sh <= 2 && g.sw <= 2;
+// as wide as the input's; at stride 2 (rows, columns or both) for the forward and weight gradient, and
+// (2, 2) for the input gradient.
+// FASTOPS_NCHW_WIDE=0 in the environment (read once) turns it off, for A/B runs.
+enum class Pass { kForward, kInputGradient, kWeightGradient };
+
+bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
+  static const bool enabled = switched_on("FASTOPS_NCHW_WIDE");
+  if (!enabled || g.KH != 3 || g.KW != 3 || g.W <= 16) return false;
+  if (g.sh == 1 && g.sw == 1) {
+    // AVX2's stride-1 forward gains only with runs of whole vectors (48 wide and over); on 20x20 and
+    // 28x28 it lost 10-30% to the phase planes.
+    return g.OW == g.W && (WideIsa::kLanes == 16 || pass != Pass::kForward || g.OW >= 48);
+  }
+  if (pass == Pass::kInputGradient) {
+    return g.sh == 2 && g.sw == 2 && g.dh == 1 && g.dw == 1 && g.pt <= 2 && g.pl <= 2;  // wide_dgrad_s2
+  }
+  return g.sh <= 2 && g.sw <= 2;
 }
 
-WidePlan wide_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
-  const auto offsets = register_offsets(g, dgrad);
-  return dgrad ? wide_plan(g.OH, g.OW, g.H, g.W, 1, 1, offsets) : wide_plan(g.H, g.W, g.OH, g.OW, g.sh, g.sw, offsets);
+template <class I>
+WidePlan<I> wide_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
+  const auto offsets = tap_offsets(g, dgrad);
+  return dgrad ? wide_plan<I>(g.OH, g.OW, g.H, g.W, 1, 1, offsets)
+               : wide_plan<I>(g.H, g.W, g.OH, g.OW, g.sh, g.sw, offsets);
+}
+
+// The wide-row passes on the ISA I.
+template <class I>
+void wide_forward(float* y, const float* x, const float* w, const float* bias, const DepthwiseGeometry& g) {
+  const WidePlan<I> plan = wide_conv_plan<I>(g, false);
+  if (g.sw == 1) wide_conv<I, 1>(y, x, w, bias, g.N * g.C, g.C, plan);
+  if (g.sw == 2) wide_conv<I, 2>(y, x, w, bias, g.N * g.C, g.C, plan);
+}
+
+template <class I>
+void wide_input_gradient(float* dx, const float* go, const float* w, const DepthwiseGeometry& g) {
+  if (g.sh == 2) {
+    wide_dgrad_s2<I>(dx, go, w, g);
+    return;
+  }
+  wide_conv<I, 1>(dx, go, w, nullptr, g.N * g.C, g.C, wide_conv_plan<I>(g, true));
+}
+
+template <class I>
+void wide_weight_sums(float* ws, const float* x, const float* go, const DepthwiseGeometry& g) {
+  const WidePlan<I> plan = wide_conv_plan<I>(g, false);
+  if (g.sw == 1) wide_wgrad<I, 1>(ws, x, go, g.N * g.C, plan);
+  if (g.sw == 2) wide_wgrad<I, 2>(ws, x, go, g.N * g.C, plan);
 }
 #endif
 
@@ -1253,10 +1599,10 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
       register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_conv_plan(g, false));
       return;
     }
-    if (use_wide_rows(g, false)) {
-      const WidePlan plan = wide_conv_plan(g, false);
-      if (g.sw == 1) wide_conv<1>(yp, xp, wp, bp, g.N * g.C, g.C, plan);
-      if (g.sw == 2) wide_conv<2>(yp, xp, wp, bp, g.N * g.C, g.C, plan);
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    if (use_wide_rows(g, Pass::kForward)) {
+      wide_forward<WideIsa>(yp, xp, wp, bp, g);
       return;
     }
 #endif
@@ -1302,8 +1648,10 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
       register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_conv_plan(g, true));
       return;
     }
-    if (use_wide_rows(g, true)) {
-      wide_conv<1>(dxp, gp, wp, nullptr, g.N * g.C, g.C, wide_conv_plan(g, true));
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    if (use_wide_rows(g, Pass::kInputGradient)) {
+      wide_input_gradient<WideIsa>(dxp, gp, wp, g);
       return;
     }
 #endif
@@ -1365,11 +1713,13 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
       register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C, register_conv_plan(g, false));
       return blocks;
     }
-    if (use_wide_rows(g, false)) {
+  }
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_wide_rows(g, Pass::kWeightGradient)) {
       at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
-      const WidePlan plan = wide_conv_plan(g, false);
-      if (g.sw == 1) wide_wgrad<1>(ws.data_ptr<float>(), xp, gp, g.N * g.C, plan);
-      if (g.sw == 2) wide_wgrad<2>(ws.data_ptr<float>(), xp, gp, g.N * g.C, plan);
+      wide_weight_sums<WideIsa>(ws.data_ptr<float>(), xp, gp, g);
       return ws;
     }
   }

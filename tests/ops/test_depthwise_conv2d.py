@@ -131,8 +131,8 @@ NCHW_REGISTER_CASES = [
     (2, 3, 14, 13, 3, (2, 1), 1, 1),
     (2, 3, 11, 12, 3, (1, 2), 2, (1, 0, 2, 1)),
     (3, 4, 9, 10, (1, 3), 2, 1, 0),
-    # Rows over 16 wide (3x3): several vectors a row, masked at both ends and at the rows outside
-    # the plane; dilation, asymmetric row padding, strides.
+    # Rows over 16 wide (3x3): several vectors a row, masked at both ends, kernel rows outside the
+    # plane skipped; dilation, asymmetric row padding, strides.
     (2, 3, 20, 33, 3, 1, 1, 1),
     (1, 2, 17, 17, 3, 1, 2, 2),
     (2, 3, 9, 47, 3, 1, 1, (2, 1, 1, 1)),
@@ -140,6 +140,18 @@ NCHW_REGISTER_CASES = [
     (2, 3, 19, 40, 3, 2, 1, 1),  # strided (forward and weight gradient): two loads and a permute
     (1, 2, 17, 33, 3, (2, 1), 1, (1, 0, 0, 1)),
     (1, 2, 9, 35, 3, (1, 2), 2, 2),
+    # Runs of whole vectors (four at a time, plain loads) and what is left of them, on both ISAs;
+    # rows that reach one kernel row only (dilated, single-row planes).
+    (1, 2, 6, 100, 3, 1, 1, 1),
+    (1, 2, 5, 197, 3, 2, 1, 1),
+    (2, 2, 2, 90, 3, 1, 2, 2),
+    (1, 1, 1, 83, 3, 1, 1, 1),
+    # The stride-2 input gradient (a window of grad_output spread to the dx lanes of each parity),
+    # every padding it takes; a 1x9 kernel (nine taps, not 3x3) stays off the wide path.
+    (1, 2, 8, 35, 3, 2, 1, (0, 1, 0, 1)),
+    (2, 2, 9, 50, 3, 2, 1, 2),
+    (1, 2, 6, 33, 3, 2, 1, 0),
+    (1, 2, 4, 40, (1, 9), 1, 1, (0, 0, 4, 4)),
 ]
 
 GRID_CASES = _case_grid()

@@ -56,6 +56,13 @@ inline void static_for(F&& f) {
   }(std::make_integer_sequence<int, N>{});
 }
 
+// A kernel path's run-time switch: on unless the environment sets `name` to 0 (callers read it once,
+// into a static). The switches exist for A/B runs of one build and for testing the other path.
+inline bool switched_on(const char* name) {
+  const char* env = std::getenv(name);
+  return env == nullptr || std::string_view(env) != "0";
+}
+
 // ---- AVX512_BF16, where the CPU has it ---------------------------------------------------------
 // The AVX-512 build does not assume the extension (Skylake-X to Ice Lake lack it): its instructions
 // are inline assembly, used only where CPUID says the CPU has them (see the narrowing section below
@@ -67,8 +74,7 @@ inline bool detect_avx512_bf16() {
   // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16 (the AVX-512 register state is already enabled: this
   // build runs only where avx512f is usable).
   if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
-  const char* env = std::getenv("FASTOPS_AVX512_BF16");
-  return env == nullptr || std::string_view(env) != "0";
+  return switched_on("FASTOPS_AVX512_BF16");
 }
 
 inline bool cpu_has_avx512_bf16() {
