@@ -1197,7 +1197,7 @@ struct WideIsa {
 // A plane's plan on the ISA I: which kernel rows each output row reaches inside the plane, and how a
 // row's output vectors split between a run of whole vectors (every tap reads whole input vectors:
 // plain loads, four vectors from one pointer) and the rest (the row's edges and what is left of the
-// run: masked loads, vector by vector). Rows outside the plane are skipped, not masked.
+// run: masked loads). Kernel rows outside the plane are skipped, not masked.
 template <class I>
 struct WidePlan {
   int64_t src_hw, dst_hw, src_w, dst_w, dst_h, Q, sh, sw;

@@ -398,8 +398,10 @@ for _region in [
     # Few channels on small maps (the digits ConvNet): where the wide MobileNetV2 layers above win.
     # Stride 1 to 4x4 left both regions with the register path (64x128x4x4: 1.29x inference, 1.21x training).
     # Strided from maps over 8 wide left it with the strided register path (64x32x16x16 s2: 1.16x).
+    # Strided training on maps to 8x8 left it once the register path stored plain vectors (16x64x8x8
+    # s2: 1.04x on the Zen 4 host before, 1.54x on a Zen 5 host after;
+    # benchmarks/results/swap_policy_cpu_dw_nchw_zen5_threads1.md).
     ("avx512", False, _fp32, False, "3x3 kernels strided, from maps to 8x8", f"{_DIGITS_NCHW_STRIDED}: 0.80x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _in_side(c) <= 8),
-    ("avx512", False, _fp32, True, "3x3 kernels strided, outputs to 4x4", f"{_DIGITS_AVX512}: 0.82x; {_DIGITS_NCHW_STRIDED}: 1.04x (at the line); stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _out_side(c) <= 4),
     # channels_last: only the kernel sizes measured (3x3, 7x7; 5x5 runs ours), except bf16 inference
     # on AVX-512, where oneDNN's bf16 kernel wins at every size and kernel.
     ("avx512", True, _fp32, False, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.70-0.97x; {_DIGITS_AVX512}: 0.64-0.71x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),
