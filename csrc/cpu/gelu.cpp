@@ -219,9 +219,11 @@ C10_ALWAYS_INLINE FVec bulk_gelu(const FVec& x, const FVec& u) {
 }
 
 // gelu'(x) = Phi(x) + x phi(x): x < 0: exp(-u^2/2) (q - u / sqrt(2 pi)); x >= 0: 1 minus that.
+// q - u / sqrt(2 pi) cancels (by ~u^2 relative), so q is always the full-accuracy one; the Gaussian
+// only scales, and takes kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
+template <Accuracy kAcc>
 C10_ALWAYS_INLINE FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
-  const FVec z =
-      bulk_gauss<Accuracy::kFull>(u) * fnmadd(u, FVec(static_cast<float>(gm::kInvSqrt2Pi)), bulk_q<Accuracy::kFull>(u));
+  const FVec z = bulk_gauss<kAcc>(u) * fnmadd(u, FVec(static_cast<float>(gm::kInvSqrt2Pi)), bulk_q<Accuracy::kFull>(u));
   return select_negative(x, z, FVec(1.0f) - z);
 }
 #endif
@@ -262,13 +264,13 @@ struct GeluErfBackward {
   C10_ALWAYS_INLINE FVec operator()(const FVec& g, const FVec& x) const {
 #ifdef FASTOPS_GELU_BULK
     const FVec u = x.abs();
-    if (C10_LIKELY(all_le(u, kBulkLimit))) return g * bulk_gelu_grad(x, u);
+    if (C10_LIKELY(all_le(u, kBulkLimit))) return g * bulk_gelu_grad<kAcc>(x, u);
 #endif
     return general(g, x);
   }
   FASTOPS_GELU_GENERAL static FVec general(FVec g, FVec x) {
     FVec ex, q;
-    erf_tail_parts<kAcc>(x, ex, q);
+    erf_tail_parts<Accuracy::kFull>(x, ex, q);  // (the tail's q cancels as the bulk's does)
     const FVec tail = q * ex;
     const FVec cdf = FVec::blendv(tail, FVec(1.0f) - tail, x >= FVec(0.0f));
     return g * at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
@@ -348,7 +350,7 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
     if (use_tanh) {
       elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluTanhBackward{}, in);
     } else {
-      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluErfBackward<Accuracy::kFull>{}, in);
+      elementwise<scalar_t, 2>(dx.data_ptr<scalar_t>(), x.numel(), GeluErfBackward<accuracy_for<scalar_t>()>{}, in);
     }
   });
   return dx;
@@ -573,7 +575,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
       } else {
         bias_gelu_backward_loop(dx.data_ptr<scalar_t>(), acc, grad.const_data_ptr<scalar_t>(),
                                 x.const_data_ptr<scalar_t>(), bias.const_data_ptr<M>(), rows, n,
-                                GeluErfBackward<Accuracy::kFull>{}, narrow);
+                                GeluErfBackward<accuracy_for<scalar_t>()>{}, narrow);
       }
     });
     grad_bias = acc.to(x.scalar_type());
