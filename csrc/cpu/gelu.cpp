@@ -37,10 +37,11 @@ namespace gm = fastops::gelu_math;
 using DVec = at::vec::Vectorized<double>;
 
 // Q(u) = t * P(t), t = 1 / (1 + a u): gelu_math.h's degree-9 fit, or a degree-6 one (kReduced,
-// 3.7e-6 relative). The erf form runs kFull for fp32 and fp64 outputs and for every backward (Phi +
-// x phi cancels near x = -0.75, so the gradient needs Phi and phi to fp32 accuracy whatever the
-// output dtype), kReduced for the fp16/bf16 forward (with gauss's reduced exp: ~1e-5 relative in
-// all, 7 instructions cheaper per vector).
+// 3.7e-6 relative). The erf form runs kFull for fp32 and fp64 outputs and for every backward's Q
+// (Phi + x phi cancels near x = -0.75, so the gradient needs Q to fp32 accuracy whatever the output
+// dtype), kReduced for the fp16/bf16 forward (with gauss's reduced exp: ~1e-5 relative in all, 7
+// instructions cheaper per vector) and for the fp16/bf16 backward's exp(-x^2/2), which only scales
+// the cancelled difference (bulk_gelu_grad).
 template <Accuracy kAcc>
 inline FVec tail_q(const FVec& u) {
   if constexpr (kAcc == Accuracy::kFull) {
@@ -219,8 +220,9 @@ C10_ALWAYS_INLINE FVec bulk_gelu(const FVec& x, const FVec& u) {
 }
 
 // gelu'(x) = Phi(x) + x phi(x): x < 0: exp(-u^2/2) (q - u / sqrt(2 pi)); x >= 0: 1 minus that.
-// q - u / sqrt(2 pi) cancels (by ~u^2 relative), so q is always the full-accuracy one; the Gaussian
-// only scales, and takes kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
+// q - u / sqrt(2 pi) cancels near the root u = 0.75 (q's relative error is amplified without bound
+// there), so q is always the full-accuracy one; the Gaussian only scales the difference, and takes
+// kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
 template <Accuracy kAcc>
 C10_ALWAYS_INLINE FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
   const FVec z = bulk_gauss<kAcc>(u) * fnmadd(u, FVec(static_cast<float>(gm::kInvSqrt2Pi)), bulk_q<Accuracy::kFull>(u));
@@ -270,7 +272,7 @@ struct GeluErfBackward {
   }
   FASTOPS_GELU_GENERAL static FVec general(FVec g, FVec x) {
     FVec ex, q;
-    erf_tail_parts<Accuracy::kFull>(x, ex, q);  // (the tail's q cancels as the bulk's does)
+    erf_tail_parts<Accuracy::kFull>(x, ex, q);  // (the deep tail: few vectors, kept full)
     const FVec tail = q * ex;
     const FVec cdf = FVec::blendv(tail, FVec(1.0f) - tail, x >= FVec(0.0f));
     return g * at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
