@@ -1103,23 +1103,15 @@ RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
 struct WideIsa {
   static constexpr int64_t kLanes = 16;
   using Vec = __m512;
-  struct Mask {
-    __mmask16 bits;
-    bool whole;  // every lane: a plain load or store
-  };
-  static Mask mask(uint32_t lanes) { return {static_cast<__mmask16>(lanes), lanes == 0xFFFF}; }
+  using Mask = __mmask16;
+  static Mask mask(uint32_t lanes) { return static_cast<__mmask16>(lanes); }
+  // A whole mask takes a plain load or store (as the register path's store_vector).
   static Vec load(const Mask& m, const float* p) {
-    return m.whole ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m.bits, p);
+    return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
   }
   static Vec load_whole(const float* p) { return _mm512_loadu_ps(p); }
   static void store_whole(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-  static void store(float* p, const Mask& m, Vec v) {
-    if (m.whole) {
-      _mm512_storeu_ps(p, v);
-    } else {
-      _mm512_mask_storeu_ps(p, m.bits, v);
-    }
-  }
+  static void store(float* p, const Mask& m, Vec v) { store_vector(p, m, v); }
   static Vec even_lanes(Vec lo, Vec hi) {  // lanes 0, 2, ..., 30 of lo:hi
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     return _mm512_permutex2var_ps(lo, even, hi);
