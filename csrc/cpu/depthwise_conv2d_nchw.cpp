@@ -1186,27 +1186,25 @@ struct WideIsa {
 };
 #endif
 
-// A plane's plan on the ISA I: which kernel rows each output row reaches inside the plane, and how a
+// A plane's plan: which kernel rows each output row reaches inside the plane, and how a
 // row's output vectors split between a run of whole vectors (every tap reads whole input vectors:
 // plain loads, four vectors from one pointer) and the rest (the row's edges and what is left of the
 // run: masked loads). Kernel rows outside the plane are skipped, not masked.
-template <class I>
 struct WidePlan {
   int64_t src_hw, dst_hw, src_w, dst_w, dst_h, Q, sh, sw;
   std::vector<int64_t> tap_off;                    // c * src_w + e, kernel-row major, 3 taps a row
   std::vector<std::pair<int64_t, int64_t>> krows;  // (dst row): the kernel rows [kh0, kh1) inside the plane
   int64_t run_q0 = 0, run_n = 0;                   // whole vectors [run_q0, run_q0 + run_n), run_n a multiple of 4
   std::vector<int64_t> other_q;                    // the row's other vectors
-  std::vector<typename I::Mask> masks;             // (q, tap, 2 loads): the columns each load reads
-  std::vector<typename I::Mask> row_lanes;         // (q): the lanes of a row's vector q
+  std::vector<WideIsa::Mask> masks;                // (q, tap, 2 loads): the columns each load reads
+  std::vector<WideIsa::Mask> row_lanes;            // (q): the lanes of a row's vector q
 };
 
-template <class I>
-WidePlan<I> wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, int64_t sh, int64_t sw,
-                      const std::vector<std::pair<int64_t, int64_t>>& offsets) {
-  constexpr int64_t L = I::kLanes, taps = 9;
+WidePlan wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w, int64_t sh, int64_t sw,
+                   const std::vector<std::pair<int64_t, int64_t>>& offsets) {
+  constexpr int64_t L = WideIsa::kLanes, taps = 9;
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(offsets.size()) == taps);
-  WidePlan<I> p;
+  WidePlan p;
   p.src_hw = src_h * src_w;
   p.dst_hw = dst_h * dst_w;
   p.src_w = src_w;
@@ -1237,11 +1235,11 @@ WidePlan<I> wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w
           const bool used = sw == 2 || L * q + l < dst_w;
           if (used && col >= 0 && col < src_w) m |= 1u << l;
         }
-        p.masks.push_back(I::mask(m));
+        p.masks.push_back(WideIsa::mask(m));
         if (half < sw && m != all) whole[q] = false;
       }
     }
-    p.row_lanes.push_back(I::mask((1u << std::min<int64_t>(L, dst_w - L * q)) - 1));
+    p.row_lanes.push_back(WideIsa::mask((1u << std::min<int64_t>(L, dst_w - L * q)) - 1));
     if (L * (q + 1) > dst_w) whole[q] = false;
   }
   // The first run of whole vectors, in fours.
@@ -1257,58 +1255,58 @@ WidePlan<I> wide_plan(int64_t src_h, int64_t src_w, int64_t dst_h, int64_t dst_w
 
 // The tap of an output vector whose tap input starts at x: plain loads in the run (kMasked false),
 // masked loads for the other vectors (mk: this tap's two masks).
-template <class I, int64_t kColumnStride, bool kMasked>
-C10_ALWAYS_INLINE typename I::Vec wide_tap(const float* x, const typename I::Mask* mk) {
+template <int64_t kColumnStride, bool kMasked>
+C10_ALWAYS_INLINE WideIsa::Vec wide_tap(const float* x, const WideIsa::Mask* mk) {
   const auto load = [&](int64_t half) {
     if constexpr (kMasked) {
-      return I::load(mk[half], x + half * I::kLanes);
+      return WideIsa::load(mk[half], x + half * WideIsa::kLanes);
     } else {
-      return I::load_whole(x + half * I::kLanes);
+      return WideIsa::load_whole(x + half * WideIsa::kLanes);
     }
   };
   if constexpr (kColumnStride == 1) {
     return load(0);
   } else {
-    return I::even_lanes(load(0), load(1));
+    return WideIsa::even_lanes(load(0), load(1));
   }
 }
 
 // The run of one output row: y = init + sum over the taps [t0, t1) of w[t] * tap t, four whole
 // vectors at a time from one pointer (named accumulators, as in register_vectors).
-template <class I, int64_t kColumnStride>
-C10_ALWAYS_INLINE void wide_conv_run(float* yr, const float* xr, const float* wc, typename I::Vec b, int64_t t0,
-                                     int64_t t1, const WidePlan<I>& p) {
-  using Vec = typename I::Vec;
-  constexpr int64_t L = I::kLanes, V = kColumnStride * L;  // input advance per output vector
+template <int64_t kColumnStride>
+C10_ALWAYS_INLINE void wide_conv_run(float* yr, const float* xr, const float* wc, WideIsa::Vec b, int64_t t0,
+                                     int64_t t1, const WidePlan& p) {
+  using Vec = WideIsa::Vec;
+  constexpr int64_t L = WideIsa::kLanes, V = kColumnStride * L;  // input advance per output vector
   for (int64_t j = 0; j < p.run_n; j += 4) {
     const float* x0 = xr + (p.run_q0 + j) * V;
     float* y0 = yr + (p.run_q0 + j) * L;
     Vec a0 = b, a1 = b, a2 = b, a3 = b;
     for (int64_t t = t0; t < t1; ++t) {
       const float* xt = x0 + p.tap_off[t];
-      const Vec wv = I::broadcast(wc[t]);
-      a0 = I::fmadd(wide_tap<I, kColumnStride, false>(xt, nullptr), wv, a0);
-      a1 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + V, nullptr), wv, a1);
-      a2 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + 2 * V, nullptr), wv, a2);
-      a3 = I::fmadd(wide_tap<I, kColumnStride, false>(xt + 3 * V, nullptr), wv, a3);
+      const Vec wv = WideIsa::broadcast(wc[t]);
+      a0 = WideIsa::fmadd(wide_tap<kColumnStride, false>(xt, nullptr), wv, a0);
+      a1 = WideIsa::fmadd(wide_tap<kColumnStride, false>(xt + V, nullptr), wv, a1);
+      a2 = WideIsa::fmadd(wide_tap<kColumnStride, false>(xt + 2 * V, nullptr), wv, a2);
+      a3 = WideIsa::fmadd(wide_tap<kColumnStride, false>(xt + 3 * V, nullptr), wv, a3);
     }
-    I::store_whole(y0, a0);
-    I::store_whole(y0 + L, a1);
-    I::store_whole(y0 + 2 * L, a2);
-    I::store_whole(y0 + 3 * L, a3);
+    WideIsa::store_whole(y0, a0);
+    WideIsa::store_whole(y0 + L, a1);
+    WideIsa::store_whole(y0 + 2 * L, a2);
+    WideIsa::store_whole(y0 + 3 * L, a3);
   }
 }
 
 // m <= 4 of the other output vectors, (row i, vector q) each, over the taps [t0, t1): masked loads,
 // one accumulator chain each (spare chains repeat the last vector and are not stored). Each vector
 // has a source and a mask pointer; the taps advance both by offsets shared by the four.
-template <class I, int64_t kColumnStride>
-C10_ALWAYS_INLINE void wide_conv_others(float* ys, const float* xs, const float* wc, typename I::Vec b,
+template <int64_t kColumnStride>
+C10_ALWAYS_INLINE void wide_conv_others(float* ys, const float* xs, const float* wc, WideIsa::Vec b,
                                         const std::array<std::pair<int64_t, int64_t>, 4>& iq, int64_t m, int64_t t0,
-                                        int64_t t1, const WidePlan<I>& p) {
-  using Vec = typename I::Vec;
-  using Mask = typename I::Mask;
-  constexpr int64_t L = I::kLanes, V = kColumnStride * L;
+                                        int64_t t1, const WidePlan& p) {
+  using Vec = WideIsa::Vec;
+  using Mask = WideIsa::Mask;
+  constexpr int64_t L = WideIsa::kLanes, V = kColumnStride * L;
   const float *x0, *x1, *x2, *x3;
   const Mask *k0, *k1, *k2, *k3;
   const auto source = [&](int64_t u, const float*& x, const Mask*& k) {
@@ -1323,15 +1321,15 @@ C10_ALWAYS_INLINE void wide_conv_others(float* ys, const float* xs, const float*
   Vec a0 = b, a1 = b, a2 = b, a3 = b;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t off = p.tap_off[t], mt = 2 * t;
-    const Vec wv = I::broadcast(wc[t]);
-    a0 = I::fmadd(wide_tap<I, kColumnStride, true>(x0 + off, k0 + mt), wv, a0);
-    a1 = I::fmadd(wide_tap<I, kColumnStride, true>(x1 + off, k1 + mt), wv, a1);
-    a2 = I::fmadd(wide_tap<I, kColumnStride, true>(x2 + off, k2 + mt), wv, a2);
-    a3 = I::fmadd(wide_tap<I, kColumnStride, true>(x3 + off, k3 + mt), wv, a3);
+    const Vec wv = WideIsa::broadcast(wc[t]);
+    a0 = WideIsa::fmadd(wide_tap<kColumnStride, true>(x0 + off, k0 + mt), wv, a0);
+    a1 = WideIsa::fmadd(wide_tap<kColumnStride, true>(x1 + off, k1 + mt), wv, a1);
+    a2 = WideIsa::fmadd(wide_tap<kColumnStride, true>(x2 + off, k2 + mt), wv, a2);
+    a3 = WideIsa::fmadd(wide_tap<kColumnStride, true>(x3 + off, k3 + mt), wv, a3);
   }
   const auto store = [&](int64_t u, Vec a) {
     const auto [i, q] = iq[u];
-    I::store(ys + i * p.dst_w + q * L, p.row_lanes[q], a);
+    WideIsa::store(ys + i * p.dst_w + q * L, p.row_lanes[q], a);
   };
   store(0, a0);
   if (m > 1) store(1, a1);
@@ -1343,9 +1341,9 @@ C10_ALWAYS_INLINE void wide_conv_others(float* ys, const float* xs, const float*
 // lie inside the plane share their other vectors' groups of four across rows (a row has 2-4 of them:
 // per row, spare chains wasted up to half the work on 14-28 wide maps); the few rows at the top and
 // bottom edges (fewer taps) go row by row.
-template <class I, int64_t kColumnStride>
+template <int64_t kColumnStride>
 void wide_conv(float* dst, const float* src, const float* w, const float* init, int64_t planes, int64_t C,
-               const WidePlan<I>& p) {
+               const WidePlan& p) {
   const int64_t others = static_cast<int64_t>(p.other_q.size());
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     std::array<std::pair<int64_t, int64_t>, 4> iq;
@@ -1354,77 +1352,77 @@ void wide_conv(float* dst, const float* src, const float* w, const float* init, 
       const float* xs = src + plane * p.src_hw;
       float* ys = dst + plane * p.dst_hw;
       const float* wc = w + c * 9;
-      const typename I::Vec b = I::broadcast(init ? init[c] : 0.f);
+      const WideIsa::Vec b = WideIsa::broadcast(init ? init[c] : 0.f);
       int64_t pending = 0;  // interior rows' other vectors gathered into iq
       for (int64_t i = 0; i < p.dst_h; ++i) {
         const auto [kh0, kh1] = p.krows[i];
-        wide_conv_run<I, kColumnStride>(ys + i * p.dst_w, xs + p.sh * i * p.src_w, wc, b, 3 * kh0, 3 * kh1, p);
+        wide_conv_run<kColumnStride>(ys + i * p.dst_w, xs + p.sh * i * p.src_w, wc, b, 3 * kh0, 3 * kh1, p);
         const bool interior = kh0 == 0 && kh1 == 3;
         for (int64_t k0 = 0; !interior && k0 < others; k0 += 4) {
           const int64_t m = std::min<int64_t>(4, others - k0);
           std::array<std::pair<int64_t, int64_t>, 4> row;
           for (int64_t u = 0; u < m; ++u) row[u] = {i, p.other_q[k0 + u]};
-          wide_conv_others<I, kColumnStride>(ys, xs, wc, b, row, m, 3 * kh0, 3 * kh1, p);
+          wide_conv_others<kColumnStride>(ys, xs, wc, b, row, m, 3 * kh0, 3 * kh1, p);
         }
         for (int64_t k = 0; interior && k < others; ++k) {
           iq[pending++] = {i, p.other_q[k]};
           if (pending == 4) {
-            wide_conv_others<I, kColumnStride>(ys, xs, wc, b, iq, 4, 0, 9, p);
+            wide_conv_others<kColumnStride>(ys, xs, wc, b, iq, 4, 0, 9, p);
             pending = 0;
           }
         }
       }
-      if (pending > 0) wide_conv_others<I, kColumnStride>(ys, xs, wc, b, iq, pending, 0, 9, p);
+      if (pending > 0) wide_conv_others<kColumnStride>(ys, xs, wc, b, iq, pending, 0, 9, p);
     }
   });
 }
 
 // One output vector's share of the weight gradient, into acc: the taps' sums of g * x over the kernel
 // rows [kh0, kh1) (compile-time tap indices: the 9 sums stay in registers), then the sum of g.
-template <class I, int64_t kColumnStride, bool kMasked>
-C10_ALWAYS_INLINE void wide_wgrad_vector(typename I::Vec (&acc)[16], const float* x, typename I::Vec g,
-                                         const typename I::Mask* mk, int64_t kh0, int64_t kh1, const WidePlan<I>& p) {
+template <int64_t kColumnStride, bool kMasked>
+C10_ALWAYS_INLINE void wide_wgrad_vector(WideIsa::Vec (&acc)[16], const float* x, WideIsa::Vec g,
+                                         const WideIsa::Mask* mk, int64_t kh0, int64_t kh1, const WidePlan& p) {
   static_for<3>([&](auto kh) {
     if (kh >= kh0 && kh < kh1) {
       static_for<3>([&](auto kw) {
         constexpr int64_t t = 3 * kh + kw;
-        acc[t] = I::fmadd(g, wide_tap<I, kColumnStride, kMasked>(x + p.tap_off[t], mk + 2 * t), acc[t]);
+        acc[t] = WideIsa::fmadd(g, wide_tap<kColumnStride, kMasked>(x + p.tap_off[t], mk + 2 * t), acc[t]);
       });
     }
   });
-  acc[9] = I::add(acc[9], g);
+  acc[9] = WideIsa::add(acc[9], g);
 }
 
 // ws (planes, 10): per plane, the 9 taps' sums of g * x, then the sum of g, reduced once per plane.
 // The lane sums of every ~16 output vectors are added into plane totals: a lane's chain on a 64x64
 // plane was 512 products long on AVX2 and missed the tolerance of the float64 comparison.
-template <class I, int64_t kColumnStride>
-void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, const WidePlan<I>& p) {
-  using Vec = typename I::Vec;
-  constexpr int64_t L = I::kLanes, V = kColumnStride * L;
+template <int64_t kColumnStride>
+void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, const WidePlan& p) {
+  using Vec = WideIsa::Vec;
+  constexpr int64_t L = WideIsa::kLanes, V = kColumnStride * L;
   const int64_t chunk_rows = std::max<int64_t>(1, 16 / p.Q);
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
       Vec acc[16], total[16];  // store_sums reduces 16 at a time on AVX-512
-      static_for<16>([&](auto t) { total[t] = I::zero(); });
+      static_for<16>([&](auto t) { total[t] = WideIsa::zero(); });
       for (int64_t i0 = 0; i0 < p.dst_h; i0 += chunk_rows) {
-        static_for<10>([&](auto t) { acc[t] = I::zero(); });
+        static_for<10>([&](auto t) { acc[t] = WideIsa::zero(); });
         for (int64_t i = i0; i < std::min(p.dst_h, i0 + chunk_rows); ++i) {
           const auto [kh0, kh1] = p.krows[i];
           const float* xr = x + plane * p.src_hw + p.sh * i * p.src_w;
           const float* gr = go + plane * p.dst_hw + i * p.dst_w;
           for (int64_t q = p.run_q0; q < p.run_q0 + p.run_n; ++q) {
-            wide_wgrad_vector<I, kColumnStride, false>(acc, xr + q * V, I::load_whole(gr + q * L), nullptr, kh0, kh1,
-                                                       p);
+            wide_wgrad_vector<kColumnStride, false>(acc, xr + q * V, WideIsa::load_whole(gr + q * L), nullptr, kh0, kh1,
+                                                    p);
           }
           for (const int64_t q : p.other_q) {
-            wide_wgrad_vector<I, kColumnStride, true>(acc, xr + q * V, I::load(p.row_lanes[q], gr + q * L),
-                                                      p.masks.data() + q * 18, kh0, kh1, p);
+            wide_wgrad_vector<kColumnStride, true>(acc, xr + q * V, WideIsa::load(p.row_lanes[q], gr + q * L),
+                                                   p.masks.data() + q * 18, kh0, kh1, p);
           }
         }
-        static_for<10>([&](auto t) { total[t] = I::add(total[t], acc[t]); });
+        static_for<10>([&](auto t) { total[t] = WideIsa::add(total[t], acc[t]); });
       }
-      I::store_sums(ws + plane * 10, total, 10);
+      WideIsa::store_sums(ws + plane * 10, total, 10);
     }
   });
 }
@@ -1436,19 +1434,17 @@ void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, cons
 // with one in-register permute (zero elsewhere). The window is a plain load where it lies inside the
 // row, masked at the row's ends. This replaces the zero-spread forward (three of four products
 // multiply an inserted zero) and the phase planes.
-template <class I>
 struct WideDgradPlan {
-  int64_t Q;                                   // dx vectors a row
-  std::vector<int64_t> window;                 // (q): the window's first grad_output column
-  std::vector<typename I::Mask> window_lanes;  // (q): its columns inside the row
-  std::vector<typename I::Mask> row_lanes;     // (q): the dx lanes of vector q
-  std::array<typename I::Gather, 3> spread;    // (kw): window lanes to dx lanes
+  int64_t Q;                                // dx vectors a row
+  std::vector<int64_t> window;              // (q): the window's first grad_output column
+  std::vector<WideIsa::Mask> window_lanes;  // (q): its columns inside the row
+  std::vector<WideIsa::Mask> row_lanes;     // (q): the dx lanes of vector q
+  std::array<WideIsa::Gather, 3> spread;    // (kw): window lanes to dx lanes
 };
 
-template <class I>
-WideDgradPlan<I> wide_dgrad_plan(const DepthwiseGeometry& g) {
-  constexpr int64_t L = I::kLanes;
-  WideDgradPlan<I> p;
+WideDgradPlan wide_dgrad_plan(const DepthwiseGeometry& g) {
+  constexpr int64_t L = WideIsa::kLanes;
+  WideDgradPlan p;
   p.Q = div_up(g.W, L);
   const int64_t first = floor_div(g.pl - 2, 2);  // the window's first column, relative to j0 / 2
   for (int64_t q = 0; q < p.Q; ++q) {
@@ -1456,8 +1452,8 @@ WideDgradPlan<I> wide_dgrad_plan(const DepthwiseGeometry& g) {
     uint32_t inside = 0;
     for (int64_t l = 0; l < L; ++l) inside |= (c0 + l >= 0 && c0 + l < g.OW ? 1u : 0u) << l;
     p.window.push_back(c0);
-    p.window_lanes.push_back(I::mask(inside));
-    p.row_lanes.push_back(I::mask((1u << std::min<int64_t>(L, g.W - L * q)) - 1));
+    p.window_lanes.push_back(WideIsa::mask(inside));
+    p.row_lanes.push_back(WideIsa::mask((1u << std::min<int64_t>(L, g.W - L * q)) - 1));
   }
   for (int64_t kw = 0; kw < 3; ++kw) {
     std::array<int32_t, 16> idx{};
@@ -1469,16 +1465,15 @@ WideDgradPlan<I> wide_dgrad_plan(const DepthwiseGeometry& g) {
       TORCH_INTERNAL_ASSERT(idx[l] >= 0 && idx[l] < L);
       keep |= 1u << l;
     }
-    p.spread[kw] = I::gather_of(idx.data(), keep);
+    p.spread[kw] = WideIsa::gather_of(idx.data(), keep);
   }
   return p;
 }
 
-template <class I>
 void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGeometry& g) {
-  using Vec = typename I::Vec;
-  constexpr int64_t L = I::kLanes;
-  const WideDgradPlan<I> p = wide_dgrad_plan<I>(g);
+  using Vec = WideIsa::Vec;
+  constexpr int64_t L = WideIsa::kLanes;
+  const WideDgradPlan p = wide_dgrad_plan(g);
   const int64_t planes = g.N * g.C, ohw = g.OH * g.OW, hw = g.H * g.W;
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
@@ -1495,21 +1490,21 @@ void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGe
         float* xr = xs + i * g.W;
         for (int64_t q0 = 0; q0 < p.Q; q0 += 4) {
           const int64_t m = std::min<int64_t>(4, p.Q - q0);
-          Vec acc[4] = {I::zero(), I::zero(), I::zero(), I::zero()};
+          Vec acc[4] = {WideIsa::zero(), WideIsa::zero(), WideIsa::zero(), WideIsa::zero()};
           for (int64_t k = 0; k < nk; ++k) {
             const float* gr = gs + rows[k] * g.OW;
             const float* wk = wc + 3 * kh_list[k];
-            const Vec w0 = I::broadcast(wk[0]), w1 = I::broadcast(wk[1]), w2 = I::broadcast(wk[2]);
+            const Vec w0 = WideIsa::broadcast(wk[0]), w1 = WideIsa::broadcast(wk[1]), w2 = WideIsa::broadcast(wk[2]);
             static_for<4>([&](auto u) {
               const int64_t q = q0 + std::min<int64_t>(u, m - 1);  // spares repeat the last
-              const Vec win = I::load(p.window_lanes[q], gr + p.window[q]);
-              acc[u] = I::fmadd(I::gather(p.spread[0], win), w0, acc[u]);
-              acc[u] = I::fmadd(I::gather(p.spread[1], win), w1, acc[u]);
-              acc[u] = I::fmadd(I::gather(p.spread[2], win), w2, acc[u]);
+              const Vec win = WideIsa::load(p.window_lanes[q], gr + p.window[q]);
+              acc[u] = WideIsa::fmadd(WideIsa::gather(p.spread[0], win), w0, acc[u]);
+              acc[u] = WideIsa::fmadd(WideIsa::gather(p.spread[1], win), w1, acc[u]);
+              acc[u] = WideIsa::fmadd(WideIsa::gather(p.spread[2], win), w2, acc[u]);
             });
           }
           static_for<4>([&](auto u) {
-            if (u < m) I::store(xr + (q0 + u) * L, p.row_lanes[q0 + u], acc[u]);
+            if (u < m) WideIsa::store(xr + (q0 + u) * L, p.row_lanes[q0 + u], acc[u]);
           });
         }
       }
@@ -1537,35 +1532,30 @@ bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
   return g.sh <= 2 && g.sw <= 2;
 }
 
-template <class I>
-WidePlan<I> wide_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
+WidePlan wide_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
   const auto offsets = tap_offsets(g, dgrad);
-  return dgrad ? wide_plan<I>(g.OH, g.OW, g.H, g.W, 1, 1, offsets)
-               : wide_plan<I>(g.H, g.W, g.OH, g.OW, g.sh, g.sw, offsets);
+  return dgrad ? wide_plan(g.OH, g.OW, g.H, g.W, 1, 1, offsets) : wide_plan(g.H, g.W, g.OH, g.OW, g.sh, g.sw, offsets);
 }
 
-// The wide-row passes on the ISA I.
-template <class I>
+// The wide-row passes.
 void wide_forward(float* y, const float* x, const float* w, const float* bias, const DepthwiseGeometry& g) {
-  const WidePlan<I> plan = wide_conv_plan<I>(g, false);
-  if (g.sw == 1) wide_conv<I, 1>(y, x, w, bias, g.N * g.C, g.C, plan);
-  if (g.sw == 2) wide_conv<I, 2>(y, x, w, bias, g.N * g.C, g.C, plan);
+  const WidePlan plan = wide_conv_plan(g, false);
+  if (g.sw == 1) wide_conv<1>(y, x, w, bias, g.N * g.C, g.C, plan);
+  if (g.sw == 2) wide_conv<2>(y, x, w, bias, g.N * g.C, g.C, plan);
 }
 
-template <class I>
 void wide_input_gradient(float* dx, const float* go, const float* w, const DepthwiseGeometry& g) {
   if (g.sh == 2) {
-    wide_dgrad_s2<I>(dx, go, w, g);
+    wide_dgrad_s2(dx, go, w, g);
     return;
   }
-  wide_conv<I, 1>(dx, go, w, nullptr, g.N * g.C, g.C, wide_conv_plan<I>(g, true));
+  wide_conv<1>(dx, go, w, nullptr, g.N * g.C, g.C, wide_conv_plan(g, true));
 }
 
-template <class I>
 void wide_weight_sums(float* ws, const float* x, const float* go, const DepthwiseGeometry& g) {
-  const WidePlan<I> plan = wide_conv_plan<I>(g, false);
-  if (g.sw == 1) wide_wgrad<I, 1>(ws, x, go, g.N * g.C, plan);
-  if (g.sw == 2) wide_wgrad<I, 2>(ws, x, go, g.N * g.C, plan);
+  const WidePlan plan = wide_conv_plan(g, false);
+  if (g.sw == 1) wide_wgrad<1>(ws, x, go, g.N * g.C, plan);
+  if (g.sw == 2) wide_wgrad<2>(ws, x, go, g.N * g.C, plan);
 }
 #endif
 
@@ -1594,7 +1584,7 @@ void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc
 #endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     if (use_wide_rows(g, Pass::kForward)) {
-      wide_forward<WideIsa>(yp, xp, wp, bp, g);
+      wide_forward(yp, xp, wp, bp, g);
       return;
     }
 #endif
@@ -1643,7 +1633,7 @@ void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx
 #endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     if (use_wide_rows(g, Pass::kInputGradient)) {
-      wide_input_gradient<WideIsa>(dxp, gp, wp, g);
+      wide_input_gradient(dxp, gp, wp, g);
       return;
     }
 #endif
@@ -1711,7 +1701,7 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
   if constexpr (std::is_same_v<T, float>) {
     if (use_wide_rows(g, Pass::kWeightGradient)) {
       at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
-      wide_weight_sums<WideIsa>(ws.data_ptr<float>(), xp, gp, g);
+      wide_weight_sums(ws.data_ptr<float>(), xp, gp, g);
       return ws;
     }
   }
