@@ -452,13 +452,14 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
 // with it every bit of grad_bias) does not depend on the number of threads. Column blocks as wide as
 // a 4096-feature row (a 16 KiB fp32 accumulator): with 1024 a tile read its three streams in 4 KiB
 // pieces 16 KiB apart, which the prefetchers follow badly (fp32 1024x4096 backward ~4.1 -> ~3.5 ms).
-// Within a tile, kRowGroup rows go down each column vector together: the bias and the accumulator are
-// loaded once and the accumulator stored once per group (a 16 KiB bias and a 16 KiB accumulator fill
-// a 32 KiB L1 by themselves, beside three streams), the rows still added in order.
+// Within a tile the rows are walked one at a time, in order, each as one stream of x, g and dx, with the
+// bias and the accumulator read from L1. (Four rows down each column vector together, which kept the
+// bias and the accumulator in registers, ran 12 streams 8-16 KiB apart and was slower: AVX-512 bf16
+// 1024x4096 backward 2.15 -> 1.47 ms, fp32 1.79 -> 1.63, AVX2 fp32 fwd+bwd 4.73 -> 4.35 ms; see
+// benchmarks/results/gelu_cpu_bias_rows_zen5.md.)
 constexpr int64_t kColBlock = 4096;
 constexpr int64_t kMaxRowBlocks = 64;
 constexpr int64_t kMinTileElements = 16384;
-constexpr int kRowGroup = 4;
 
 template <typename T, typename Op, typename Narrow>
 void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, const T* x, const opmath_t<T>* bias,
@@ -481,7 +482,7 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
     const M* const b = bias;
     const int64_t stride = n;
     alignas(64) M acc[kColBlock];
-    // One row at offset off: grad_x, added to the accumulator pair a (the rows in order).
+    // count elements of one row at offset off, bias bv: grad_x, added to the accumulator pair a.
     const auto row_at = [&](int64_t off, const auto& bv, auto& a, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
       // As in the forward: x and g requested ahead (13-14% off the AVX-512 bf16 backward).
       __builtin_prefetch(reinterpret_cast<const char*>(x_in + off) + kPrefetchBytes);
@@ -505,22 +506,19 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
       const int64_t rb = task / col_blocks, cb = task % col_blocks;
       const int64_t c0 = cb * kColBlock, width = std::min(kColBlock, n - c0);
       const int64_t r0 = rb * rows_per_block, r1 = std::min(rows, r0 + rows_per_block);
-      // Rows [r, r + kRows) at columns c0 + j + [0, count): the bias and the accumulator loaded once.
-      const auto vector_at = [&](auto k_rows, int64_t r, int64_t j, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
+      // Row r at columns c0 + j + [0, count).
+      const auto vector_at = [&](int64_t r, int64_t j, int64_t count) C10_ALWAYS_INLINE_ATTRIBUTE {
         const auto bv = S::load_opmath(b + c0 + j, count);
         auto a = S::load_opmath(acc + j, count);
-        for (int k = 0; k < decltype(k_rows)::value; ++k) row_at((r + k) * stride + c0 + j, bv, a, count);
+        row_at(r * stride + c0 + j, bv, a, count);
         S::store_opmath(acc + j, a.first, a.second, count);
       };
-      const auto walk_rows = [&](auto k_rows, int64_t r) C10_ALWAYS_INLINE_ATTRIBUTE {
-        int64_t j = 0;
-        for (; j + S::kStep <= width; j += S::kStep) vector_at(k_rows, r, j, S::kStep);
-        if (j < width) vector_at(k_rows, r, j, width - j);
-      };
       std::fill(acc, acc + width, M(0));
-      int64_t r = r0;
-      for (; r + kRowGroup <= r1; r += kRowGroup) walk_rows(std::integral_constant<int, kRowGroup>{}, r);
-      for (; r < r1; ++r) walk_rows(std::integral_constant<int, 1>{}, r);
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t j = 0;
+        for (; j + S::kStep <= width; j += S::kStep) vector_at(r, j, S::kStep);
+        if (j < width) vector_at(r, j, width - j);
+      }
       std::copy(acc, acc + width, partial_ptr + rb * n + c0);
     }
   });
