@@ -23,6 +23,9 @@
 // over 16 wide (wide_conv, wide_wgrad: a tap is one unaligned load, masked at the row's edges, two
 // and a permute at column stride 2; the stride-2 input gradient spreads a window of grad_output to
 // the lanes of each column parity, wide_dgrad_s2).
+//
+// fp16/bf16 tensors take those fp32 paths through chunks of planes widened into fp32 buffers and
+// narrowed back, where that beats the phase planes (half_through_fp32); fp64 runs the phase planes.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -36,6 +39,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -1083,6 +1087,9 @@ RegisterPlan register_conv_plan(const DepthwiseGeometry& g, bool dgrad) {
 }
 #endif
 
+// The three passes, for the choice of path.
+enum class Pass { kForward, kInputGradient, kWeightGradient };
+
 // ---- rows over 16 wide (fp32, AVX-512 and AVX2, 3x3) ----------------------------------------
 // A row of OW > 16 outputs is Q = ceil(OW / L) vectors (L = 16 lanes on AVX-512, 8 on AVX2). Tap
 // (c, e) of output vector (i, q) reads input row sh * i + c from column sw * L q + e: at stride 1 one
@@ -1516,7 +1523,6 @@ void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGe
 // as wide as the input's; at stride 2 (rows, columns or both) for the forward and weight gradient, and
 // (2, 2) for the input gradient.
 // FASTOPS_NCHW_WIDE=0 in the environment (read once) turns it off, for A/B runs.
-enum class Pass { kForward, kInputGradient, kWeightGradient };
 
 bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
   static const bool enabled = switched_on("FASTOPS_NCHW_WIDE");
@@ -1559,47 +1565,264 @@ void wide_weight_sums(float* ws, const float* x, const float* go, const Depthwis
 }
 #endif
 
-// ---- the kernels ---------------------------------------------------------------------------------
+// ---- the specialised fp32 paths ------------------------------------------------------------------
+// Which of the fp32 paths above runs a pass (kNone: the phase planes), chosen from the plane geometry
+// alone (never N or C), so that a chunk of a tensor's planes takes the path the whole tensor would.
+enum class FastPath { kNone, kRegister, kWide, kBlocked };
 
+// The input gradient as a stride-1 forward over grad_output spread out by the stride and padded by
+// (K - 1) * d - p (the channel-blocked path; nullopt where that padding would be negative).
+std::optional<BlockedGeom> dgrad_blocked_geom(const DepthwiseGeometry& g) {
+  const int64_t top = (g.KH - 1) * g.dh - g.pt, left = (g.KW - 1) * g.dw - g.pl;
+  if (top < 0 || left < 0) return std::nullopt;
+  DepthwiseGeometry g1 = g;
+  g1.sh = g1.sw = 1;
+  BlockedGeom b = blocked_geom(g.OH, g.OW, g.H, g.W, g1, top, left);
+  b.uh = g.sh;
+  b.uw = g.sw;
+  return b;
+}
+
+FastPath fast_path(const DepthwiseGeometry& g, Pass pass) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const bool stride1 = g.sh == 1 && g.sw == 1;
+  if ((pass != Pass::kInputGradient || stride1) && use_register_plane(g, pass == Pass::kWeightGradient)) {
+    return FastPath::kRegister;
+  }
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  if (use_wide_rows(g, pass)) return FastPath::kWide;
+#endif
+  if (pass == Pass::kInputGradient) {
+    const std::optional<BlockedGeom> b = dgrad_blocked_geom(g);
+    return b && use_blocked(g, *b) ? FastPath::kBlocked : FastPath::kNone;
+  }
+  // The weight gradient only on small output planes: each tap's sum runs over the plane in one chain
+  // per lane (two for 3-wide rows of other kernels), so the plane bounds the fp32 rounding.
+  const bool small_enough = pass == Pass::kForward || g.OH * g.OW <= 256;
+  return small_enough && use_blocked(g, blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl)) ? FastPath::kBlocked
+                                                                                           : FastPath::kNone;
+}
+
+// The forward (out y, in x) or the input gradient (out dx, in grad_output, bias nullptr) on a path.
+void run_conv(FastPath path, Pass pass, float* out, const float* in, const float* w, const float* bias,
+              const DepthwiseGeometry& g) {
+  constexpr int64_t L = at::vec::Vectorized<float>::size();
+  const bool dgrad = pass == Pass::kInputGradient;
+  switch (path) {
+#if defined(CPU_CAPABILITY_AVX512)
+    case FastPath::kRegister:
+      register_conv(out, in, w, bias, g.N * g.C, g.C, register_conv_plan(g, dgrad));
+      return;
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    case FastPath::kWide:
+      if (dgrad) {
+        wide_input_gradient(out, in, w, g);
+      } else {
+        wide_forward(out, in, w, bias, g);
+      }
+      return;
+#endif
+    case FastPath::kBlocked: {
+      const std::vector<float> wt = blocked_weights(w, g.C, g.taps(), dgrad);
+      std::vector<float> bt;
+      if (bias) {
+        bt.assign(round_up(g.C, L), 0.f);
+        std::copy(bias, bias + g.C, bt.begin());
+      }
+      const BlockedGeom b = dgrad ? *dgrad_blocked_geom(g) : blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
+      blocked_conv(out, in, wt.data(), bias ? bt.data() : nullptr, g.N, g.C, b);
+      return;
+    }
+    default:
+      TORCH_INTERNAL_ASSERT(false, "depthwise_conv2d: no fp32 path here");
+  }
+}
+
+// Images per row of partial sums (each row C x (taps + 1)) that run_weight_sums writes: the register
+// path sums kWgradImages images a row, the others one.
+int64_t images_per_weight_row(FastPath path) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if (path == FastPath::kRegister) return kWgradImages;
+#endif
+  return 1;
+}
+
+void run_weight_sums(FastPath path, float* ws, const float* x, const float* go, const DepthwiseGeometry& g) {
+  switch (path) {
+#if defined(CPU_CAPABILITY_AVX512)
+    case FastPath::kRegister:
+      register_wgrad(ws, x, go, g.N, g.C, register_conv_plan(g, false));
+      return;
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    case FastPath::kWide:
+      wide_weight_sums(ws, x, go, g);
+      return;
+#endif
+    case FastPath::kBlocked:
+      blocked_wgrad(ws, x, go, g.N, g.C, blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl));
+      return;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "depthwise_conv2d: no fp32 weight-gradient path here");
+  }
+}
+
+// ---- fp16 / bf16 through the fp32 paths --------------------------------------------------------------
+// The paths above are fp32 only, and a half-precision tensor left to the phase planes ran 1.5-6x
+// slower than the fp32 one (benchmarks/results/depthwise_conv2d_cpu_nchw_half.md). Instead the planes
+// go through them in chunks (a few images x a run of channels) widened into per-thread fp32 buffers
+// of about L2/4, and the result is narrowed back: memory still carries only the fp16/bf16 tensors,
+// and the conversions add ~2 instructions per element. FASTOPS_NCHW_HALF_FP32=0 in the environment
+// (read once) leaves fp16/bf16 to the phase planes, for A/B runs.
+// Where it pays (thread-time A/B per pass, bf16, both ISAs): every strided pass (1.5-3x faster) and
+// weight gradient, and stride-1 forward and input gradient on the register and channel-blocked paths'
+// maps under 48 wide (1.3-2x). Stride-1 forward and input gradient on wider maps, and on the wide-row
+// path at any width, stay with the phase planes, which widen each plane as they go: through fp32 the
+// same 3x3 56x56 forward ran 20% (AVX-512) to 45% (AVX2) slower, a 7x7 one 10-30% slower.
+bool half_through_fp32(FastPath path, const DepthwiseGeometry& g, Pass pass) {
+  static const bool enabled = switched_on("FASTOPS_NCHW_HALF_FP32");
+  if (!enabled || path == FastPath::kNone) return false;
+  if (pass == Pass::kWeightGradient || g.sh > 1 || g.sw > 1) return true;
+  return path != FastPath::kWide && g.W < 48;
+}
+
+struct PlaneChunks {
+  int64_t N, C;              // the tensor's
+  int64_t images, channels;  // a chunk's (at most)
+  int64_t channel_chunks;
+  int64_t count() const { return div_up(N, images) * channel_chunks; }
+};
+
+// Chunks of `images` images whose planes need floats_per_plane floats of buffer each: channels in
+// multiples of 16 (the channel-blocked path's block) where more than 16 fit.
+PlaneChunks plane_chunks(const DepthwiseGeometry& g, int64_t images, int64_t floats_per_plane) {
+  constexpr int64_t kChunkFloats = 64 << 10;  // 256 KiB
+  int64_t channels = std::max<int64_t>(1, kChunkFloats / (images * floats_per_plane));
+  if (channels > 16) channels = channels / 16 * 16;
+  channels = std::min(channels, g.C);
+  return {g.N, g.C, images, channels, div_up(g.C, channels)};
+}
+
+// body(n0, images, c0, channels, in, out) on every chunk, with per-thread buffers of in_floats and
+// out_floats: in parallel over chunks where there are enough of them, else one chunk at a time with
+// the fp32 kernels' own threads (at::parallel_for runs inline inside a parallel region).
+template <typename F>
+void for_each_chunk(const PlaneChunks& ch, int64_t in_floats, int64_t out_floats, const F& body) {
+  const auto run = [&](int64_t begin, int64_t end) {
+    std::vector<float> in(in_floats), out(out_floats);
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t n0 = k / ch.channel_chunks * ch.images, c0 = k % ch.channel_chunks * ch.channels;
+      body(n0, std::min(ch.images, ch.N - n0), c0, std::min(ch.channels, ch.C - c0), in.data(), out.data());
+    }
+  };
+  if (ch.count() >= 2 * at::get_num_threads()) {
+    at::parallel_for(0, ch.count(), 1, run);
+  } else {
+    run(0, ch.count());
+  }
+}
+
+// The chunk's geometry: its images and channels as a tensor of their own.
+DepthwiseGeometry chunk_geometry(const DepthwiseGeometry& g, int64_t images, int64_t channels) {
+  DepthwiseGeometry c = g;
+  c.N = images;
+  c.C = channels;
+  return c;
+}
+
+// dst (images, channels, plane) fp32 <- the chunk's planes of src (N, C, plane).
+template <typename T>
+void widen_chunk(float* dst, const T* src, int64_t C, int64_t plane, int64_t n0, int64_t images, int64_t c0,
+                 int64_t channels) {
+  for (int64_t n = 0; n < images; ++n) {
+    convert_row<T, float>(dst + n * channels * plane, src + ((n0 + n) * C + c0) * plane, channels * plane);
+  }
+}
+
+template <typename T>
+void narrow_chunk(T* dst, const float* src, int64_t C, int64_t plane, int64_t n0, int64_t images, int64_t c0,
+                  int64_t channels) {
+  for (int64_t n = 0; n < images; ++n) {
+    store_row<T, float>(dst + ((n0 + n) * C + c0) * plane, src + n * channels * plane, channels * plane);
+  }
+}
+
+// run_conv on fp16/bf16 tensors: in (N, C, in planes) and out (N, C, out planes), x and y for the
+// forward, grad_output and dx for the input gradient.
+template <typename T>
+void half_conv(FastPath path, Pass pass, T* out, const T* in, const float* w, const float* bias,
+               const DepthwiseGeometry& g) {
+  const bool dgrad = pass == Pass::kInputGradient;
+  const int64_t x_plane = g.H * g.W, y_plane = g.OH * g.OW, taps = g.taps();
+  const int64_t in_plane = dgrad ? y_plane : x_plane, out_plane = dgrad ? x_plane : y_plane;
+  const PlaneChunks ch = plane_chunks(g, 1, in_plane + out_plane);
+  const int64_t planes = ch.images * ch.channels;
+  for_each_chunk(ch, planes * in_plane, planes * out_plane,
+                 [&](int64_t n0, int64_t images, int64_t c0, int64_t channels, float* in_buf, float* out_buf) {
+                   widen_chunk(in_buf, in, g.C, in_plane, n0, images, c0, channels);
+                   run_conv(path, pass, out_buf, in_buf, w + c0 * taps, bias ? bias + c0 : nullptr,
+                            chunk_geometry(g, images, channels));
+                   narrow_chunk(out, out_buf, g.C, out_plane, n0, images, c0, channels);
+                 });
+}
+
+// The forward or input gradient on a specialised path, where one applies to T and g: false where the
+// phase planes are to run.
+template <typename T>
+bool fast_conv(Pass pass, T* out, const T* in, const opmath_t<T>* w, const opmath_t<T>* bias,
+               const DepthwiseGeometry& g) {
+  if constexpr (std::is_same_v<opmath_t<T>, float>) {
+    const FastPath path = fast_path(g, pass);
+    if constexpr (std::is_same_v<T, float>) {
+      if (path == FastPath::kNone) return false;
+      run_conv(path, pass, out, in, w, bias, g);
+      return true;
+    } else {
+      if (!half_through_fp32(path, g, pass)) return false;
+      half_conv<T>(path, pass, out, in, w, bias, g);
+      return true;
+    }
+  }
+  return false;
+}
+
+// ws (div_up(N, images_per_weight_row(path)), C, taps + 1). A chunk is one row's images, so it
+// writes whole rows of its channels.
+template <typename T>
+void half_weight_sums(FastPath path, float* ws, const T* x, const T* go, const DepthwiseGeometry& g) {
+  const int64_t in_plane = g.H * g.W, out_plane = g.OH * g.OW, slots = g.taps() + 1;
+  const PlaneChunks ch = plane_chunks(g, images_per_weight_row(path), in_plane + out_plane);
+  const int64_t planes = ch.images * ch.channels;
+  for_each_chunk(ch, planes * (in_plane + out_plane), ch.channels * slots,
+                 [&](int64_t n0, int64_t images, int64_t c0, int64_t channels, float* in, float* out) {
+                   float* go_in = in + images * channels * in_plane;
+                   widen_chunk(in, x, g.C, in_plane, n0, images, c0, channels);
+                   widen_chunk(go_in, go, g.C, out_plane, n0, images, c0, channels);
+                   run_weight_sums(path, out, in, go_in, chunk_geometry(g, images, channels));
+                   std::copy(out, out + channels * slots, ws + (n0 / ch.images * g.C + c0) * slots);
+                 });
+}
+
+// ---- the kernels ---------------------------------------------------------------------------------
+// fp32 and fp16/bf16 take a specialised path where one applies (fp16/bf16 through fp32 chunks), the
+// rest (and fp64) the phase planes.
 template <typename T>
 void forward(const at::Tensor& x, const at::Tensor& wacc, const at::Tensor& bacc, at::Tensor& y,
              const DepthwiseGeometry& g) {
   using A = opmath_t<T>;
   constexpr int64_t L = at::vec::Vectorized<A>::size();
   const int64_t taps = g.taps();
-  std::vector<int64_t> tap_off;
-  const PhaseLayout p = input_phases(g, L, tap_off);
-  const int64_t pitch = p.pitch;
   const T* xp = x.const_data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const A* wp = wacc.const_data_ptr<A>();
   const A* bp = bacc.defined() ? bacc.const_data_ptr<A>() : nullptr;
+  if (fast_conv<T>(Pass::kForward, yp, xp, wp, bp, g)) return;
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
+  const int64_t pitch = p.pitch;
   const int64_t n_out = g.OH * pitch;
-  if constexpr (std::is_same_v<T, float>) {
-#if defined(CPU_CAPABILITY_AVX512)
-    if (use_register_plane(g, false)) {
-      register_conv(yp, xp, wp, bp, g.N * g.C, g.C, register_conv_plan(g, false));
-      return;
-    }
-#endif
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-    if (use_wide_rows(g, Pass::kForward)) {
-      wide_forward(yp, xp, wp, bp, g);
-      return;
-    }
-#endif
-    const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
-    if (use_blocked(g, b)) {
-      const std::vector<float> wt = blocked_weights(wp, g.C, taps, false);
-      std::vector<float> bt;
-      if (bp) {
-        bt.assign(round_up(g.C, L), 0.f);
-        std::copy(bp, bp + g.C, bt.begin());
-      }
-      blocked_conv(yp, xp, wt.data(), bp ? bt.data() : nullptr, g.N, g.C, b);
-      return;
-    }
-  }
   at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
     std::vector<A> buf(p.plane * p.phases());
     std::vector<A> out(round_up(n_out, 4 * L));
@@ -1619,40 +1842,12 @@ template <typename T>
 void backward_input(const at::Tensor& go, const at::Tensor& wacc, at::Tensor& dx, const DepthwiseGeometry& g) {
   using A = opmath_t<T>;
   constexpr int64_t L = at::vec::Vectorized<A>::size();
-  const DgradFrame f = dgrad_frame(g, L);
   const int64_t taps = g.taps();
   const T* gp = go.const_data_ptr<T>();
   T* dxp = dx.data_ptr<T>();
   const A* wp = wacc.const_data_ptr<A>();
-  if constexpr (std::is_same_v<T, float>) {
-#if defined(CPU_CAPABILITY_AVX512)
-    if (g.sh == 1 && g.sw == 1 && use_register_plane(g, false)) {
-      register_conv(dxp, gp, wp, nullptr, g.N * g.C, g.C, register_conv_plan(g, true));
-      return;
-    }
-#endif
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-    if (use_wide_rows(g, Pass::kInputGradient)) {
-      wide_input_gradient(dxp, gp, wp, g);
-      return;
-    }
-#endif
-    // dx is the stride-1 forward, with the flipped kernel, of grad_output spread out by the stride
-    // (zeros between its pixels) and padded by (K - 1) * d - p.
-    const int64_t top = (g.KH - 1) * g.dh - g.pt, left = (g.KW - 1) * g.dw - g.pl;
-    if (top >= 0 && left >= 0) {
-      DepthwiseGeometry g1 = g;
-      g1.sh = g1.sw = 1;
-      BlockedGeom b = blocked_geom(g.OH, g.OW, g.H, g.W, g1, top, left);
-      b.uh = g.sh;
-      b.uw = g.sw;
-      if (use_blocked(g, b)) {
-        const std::vector<float> wt = blocked_weights(wp, g.C, taps, true);
-        blocked_conv(dxp, gp, wt.data(), nullptr, g.N, g.C, b);
-        return;
-      }
-    }
-  }
+  if (fast_conv<T>(Pass::kInputGradient, dxp, gp, wp, nullptr, g)) return;
+  const DgradFrame f = dgrad_frame(g, L);
   at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
     std::vector<A> gbuf(f.framed.plane);
     std::vector<A> out(round_up(f.n_dx, 4 * L));
@@ -1683,40 +1878,26 @@ template <typename T>
 at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const DepthwiseGeometry& g) {
   using A = opmath_t<T>;
   constexpr int64_t L = at::vec::Vectorized<A>::size();
-  std::vector<int64_t> tap_off;
-  const PhaseLayout p = input_phases(g, L, tap_off);
   const T* xp = x.const_data_ptr<T>();
   const T* gp = go.const_data_ptr<T>();
   const auto options = x.options().dtype(c10::CppTypeToScalarType<A>::value);
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<T, float>) {
-    if (use_register_plane(g, true)) {  // one partial per 8 images (kWgradImages), not per image
-      at::Tensor blocks = at::empty({div_up(g.N, kWgradImages), g.C, g.taps() + 1}, options);
-      register_wgrad(blocks.data_ptr<float>(), xp, gp, g.N, g.C, register_conv_plan(g, false));
-      return blocks;
-    }
-  }
-#endif
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
-    if (use_wide_rows(g, Pass::kWeightGradient)) {
-      at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
-      wide_weight_sums(ws.data_ptr<float>(), xp, gp, g);
+  if constexpr (std::is_same_v<A, float>) {
+    const FastPath path = fast_path(g, Pass::kWeightGradient);
+    if (path != FastPath::kNone && (std::is_same_v<T, float> || half_through_fp32(path, g, Pass::kWeightGradient))) {
+      // (the register path: one partial row per kWgradImages images, not per image)
+      at::Tensor ws = at::empty({div_up(g.N, images_per_weight_row(path)), g.C, g.taps() + 1}, options);
+      if constexpr (std::is_same_v<T, float>) {
+        run_weight_sums(path, ws.data_ptr<float>(), xp, gp, g);
+      } else {
+        half_weight_sums<T>(path, ws.data_ptr<float>(), xp, gp, g);
+      }
       return ws;
     }
   }
-#endif
+  std::vector<int64_t> tap_off;
+  const PhaseLayout p = input_phases(g, L, tap_off);
   at::Tensor ws = at::empty({g.N, g.C, g.taps() + 1}, options);
   A* wsp = ws.data_ptr<A>();
-  if constexpr (std::is_same_v<T, float>) {
-    // Small output planes only: each tap's sum runs over the plane in one chain per lane (two for
-    // 3-wide rows of other kernels), so the plane bounds the fp32 rounding.
-    const BlockedGeom b = blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl);
-    if (g.OH * g.OW <= 256 && use_blocked(g, b)) {
-      blocked_wgrad(wsp, xp, gp, g.N, g.C, b);
-      return ws;
-    }
-  }
   at::parallel_for(0, g.N * g.C, 1, [&](int64_t begin, int64_t end) {
     std::vector<A> buf(p.plane * p.phases());
     std::vector<A> gb(g.OH * g.OW);

@@ -207,7 +207,7 @@ def depthwise_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> I
     """float64 (CPU): every case in every layout. Lower precisions: every 3rd grid case (rotating the
     layout), every edge case in each layout, every vector-kernel case in channels_last; fp32 and bf16
     also the MobileNet-like and weight-gradient cases in both dense layouts (fp32 the bigger ones, and
-    the NCHW blocked and register paths' cases, too).
+    the NCHW blocked and register paths' cases, too; bf16 those in NCHW).
     A few edge cases without bias."""
     if dtype == torch.float64:
         cases = [(c, layout) for c in CASES for layout in LAYOUTS]
@@ -223,6 +223,8 @@ def depthwise_samples(device: str, dtype: torch.dtype, requires_grad: bool) -> I
         cases += [(c, layout) for c in MOBILENET_FP32_CASES for layout in TWO_LAYOUTS]
         cases += [(c, layout) for c in NCHW_BLOCKED_CASES for layout in ("contiguous", "sliced")]
         cases += [(c, layout) for c in NCHW_REGISTER_CASES for layout in ("contiguous", "sliced")]
+    if dtype == torch.bfloat16:  # (fp16/bf16 run the same fp32 paths through widened chunks)
+        cases += [(c, "contiguous") for c in NCHW_BLOCKED_CASES + NCHW_REGISTER_CASES]
     yield from _samples(cases, device, dtype, requires_grad)
     yield from _samples(
         [(c, "channels_last") for c in EDGE_CASES[:4]], device, dtype, requires_grad, bias=False
@@ -397,6 +399,45 @@ def test_half_outputs_are_the_fp32_sums_rounded(layout: str, dtype: torch.dtype)
         assert torch.equal(got.isnan(), want.isnan())
         finite = ~want.isnan()
         assert torch.equal(got[finite], want.to(dtype)[finite])
+
+
+# NCHW fp16/bf16 maps that the CPU runs through the fp32 paths in widened chunks: the register or
+# channel-blocked path (by ISA), strided wide rows; chunks of 8 images (the register path's weight
+# gradient blocks) plus one, and of part of the channels (16 + 4, 32 + 8).
+HALF_THROUGH_FP32_CASES = [
+    (9, 20, 14, 14, 3, 1, 1),
+    (2, 40, 40, 40, 3, 2, 1),
+    (3, 24, 12, 12, 7, 1, 3),
+    (2, 17, 9, 15, 5, 2, 2),
+]
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+@pytest.mark.parametrize("case", HALF_THROUGH_FP32_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_nchw_half_through_the_fp32_paths_is_fp32_rounded(case: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Every pass of the chunked run equals the fp32 kernels' on the whole widened tensors, rounded once:
+    the chunks sum the same taps in the same order, and the weight gradient's partial rows are the
+    same rows."""
+    n, c, h, w, k, s, p = case
+    x, weight, bias = (
+        torch.randn(n, c, h, w).to(dtype),
+        torch.randn(c, 1, k, k).to(dtype),
+        torch.randn(c).to(dtype),
+    )
+    args = ([s, s], [p] * 4, [1, 1])
+
+    def passes(xx: torch.Tensor, ww: torch.Tensor, bb: torch.Tensor, gg: torch.Tensor) -> list[torch.Tensor]:
+        y = fastops.depthwise_conv2d(xx, ww, bb, s, p)
+        dx = torch.ops.fastops.depthwise_conv2d_backward_input(gg, ww, list(xx.shape), *args, False)
+        dw, db = torch.ops.fastops.depthwise_conv2d_backward_weight(gg, xx, [k, k], *args)
+        return [y, dx, dw, db]
+
+    g = torch.randn(fastops.depthwise_conv2d(x, weight, bias, s, p).shape).to(dtype)
+    ours = passes(x, weight, bias, g)
+    widened = passes(x.float(), weight.float(), bias.float(), g.float())
+    for name, got, want in zip(("y", "dx", "dw", "db"), ours, widened, strict=True):
+        assert got.dtype == dtype, name
+        assert torch.equal(got, want.to(dtype)), name
 
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs a CUDA device")
