@@ -1528,9 +1528,11 @@ bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
   static const bool enabled = switched_on("FASTOPS_NCHW_WIDE");
   if (!enabled || g.KH != 3 || g.KW != 3 || g.W <= 16) return false;
   if (g.sh == 1 && g.sw == 1) {
-    // AVX2's stride-1 forward gains only with runs of whole vectors (48 wide and over); on 20x20 and
-    // 28x28 it lost 10-30% to the phase planes.
-    return g.OW == g.W && (WideIsa::kLanes == 16 || pass != Pass::kForward || g.OW >= 48);
+    // AVX2's stride-1 forward and input gradient gain only with runs of whole vectors (48 wide and
+    // over); on 20x20 to 40x40 they lost 10-30% to the phase planes (input gradient: 20x20 0.63 ms
+    // phase planes against 0.76 wide, 28x28 3.2 against 4.0, 40x40 2.9 against 3.5; 56x56 10.2
+    // against 7.1; benchmarks/results/depthwise_conv2d_cpu_nchw_half.md).
+    return g.OW == g.W && (WideIsa::kLanes == 16 || pass == Pass::kWeightGradient || g.OW >= 48);
   }
   if (pass == Pass::kInputGradient) {
     return g.sh == 2 && g.sw == 2 && g.dh == 1 && g.dw == 1 && g.pt <= 2 && g.pl <= 2;  // wide_dgrad_s2
