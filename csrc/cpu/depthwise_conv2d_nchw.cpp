@@ -255,24 +255,24 @@ bool has_blocked_row(const DepthwiseGeometry& g) {
 // so the 16 rows stay in registers.
 inline void transpose16(__m512 (&r)[16]) {
   __m512 t[16];
-  static_for<8>([&](auto i) {
+  static_for_inlined<8>([&](auto i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
   });
-  static_for<4>([&](auto i) {
+  static_for_inlined<4>([&](auto i) {
     const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
     r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
     r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i]), pd(t[4 * i + 2])));
     r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
     r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(pd(t[4 * i + 1]), pd(t[4 * i + 3])));
   });
-  static_for<2>([&](auto i) {
-    static_for<4>([&](auto k) {
+  static_for_inlined<2>([&](auto i) {
+    static_for_inlined<4>([&](auto k) {
       t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0x88);
       t[8 * i + 4 + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + 4 + k], 0xdd);
     });
   });
-  static_for<16>([&](auto i) {
+  static_for_inlined<16>([&](auto i) {
     if constexpr (decltype(i)::value < 8) {
       r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
     } else {
@@ -290,13 +290,14 @@ inline void tile_in(const float* src, int64_t HW, int64_t nc, int64_t m, float* 
   (void)tmp;
   __m512 r[16];
   if (m == L) {
-    static_for<16>([&](auto i) { r[i] = i < nc ? _mm512_loadu_ps(src + i * HW) : _mm512_setzero_ps(); });
+    static_for_inlined<16>([&](auto i) { r[i] = i < nc ? _mm512_loadu_ps(src + i * HW) : _mm512_setzero_ps(); });
   } else {
     const auto lm = static_cast<__mmask16>((1u << m) - 1);
-    static_for<16>([&](auto i) { r[i] = i < nc ? _mm512_maskz_loadu_ps(lm, src + i * HW) : _mm512_setzero_ps(); });
+    static_for_inlined<16>(
+        [&](auto i) { r[i] = i < nc ? _mm512_maskz_loadu_ps(lm, src + i * HW) : _mm512_setzero_ps(); });
   }
   transpose16(r);
-  static_for<16>([&](auto j) {
+  static_for_inlined<16>([&](auto j) {
     if (j < m && pos[j] >= 0) _mm512_storeu_ps(tile + pos[j] * L, r[j]);
   });
 #else
@@ -320,15 +321,15 @@ inline void tile_out(const float* out, const int64_t* pos, int64_t m, int64_t nc
 #if defined(CPU_CAPABILITY_AVX512)
   (void)tmp;
   __m512 r[16];
-  static_for<16>([&](auto j) { r[j] = j < m ? _mm512_loadu_ps(out + pos[j] * L) : _mm512_setzero_ps(); });
+  static_for_inlined<16>([&](auto j) { r[j] = j < m ? _mm512_loadu_ps(out + pos[j] * L) : _mm512_setzero_ps(); });
   transpose16(r);
   if (m == L) {
-    static_for<16>([&](auto i) {
+    static_for_inlined<16>([&](auto i) {
       if (i < nc) _mm512_storeu_ps(dst + i * OHW, r[i]);
     });
   } else {
     const auto sm = static_cast<__mmask16>((1u << m) - 1);
-    static_for<16>([&](auto i) {
+    static_for_inlined<16>([&](auto i) {
       if (i < nc) _mm512_mask_storeu_ps(dst + i * OHW, sm, r[i]);
     });
   }
@@ -355,21 +356,21 @@ void blocked_row(float* out, const float* tile, const float* w, const float* ini
   const V vinit = init ? V::loadu(init) : V(0.f);
   for (int64_t ow0 = 0; ow0 < b.OWp; ow0 += P) {
     V acc[P];
-    static_for<P>([&](auto j) { acc[j] = vinit; });
+    static_for_inlined<P>([&](auto j) { acc[j] = vinit; });
     for (int64_t kh = 0; kh < b.KH; ++kh) {
       const float* xr = tile + ((oh * b.sh + kh * b.dh) * b.Wp + ow0 * S) * L;
       V wv[K];
-      static_for<K>([&](auto kw) { wv[kw] = V::loadu(w + (kh * K + kw) * L); });
-      static_for<U>([&](auto u) {
+      static_for_inlined<K>([&](auto kw) { wv[kw] = V::loadu(w + (kh * K + kw) * L); });
+      static_for_inlined<U>([&](auto u) {
         const V xv = V::loadu(xr + u * L);
-        static_for<K>([&](auto kw) {
+        static_for_inlined<K>([&](auto kw) {
           constexpr int d = decltype(u)::value - decltype(kw)::value;
           if constexpr (d >= 0 && d % S == 0 && d / S < P) acc[d / S] = at::vec::fmadd(xv, wv[kw], acc[d / S]);
         });
       });
     }
     float* o = out + (oh * b.OWp + ow0) * L;
-    static_for<P>([&](auto j) { acc[j].store(o + j * L); });
+    static_for_inlined<P>([&](auto j) { acc[j].store(o + j * L); });
   }
 }
 
@@ -453,26 +454,27 @@ void blocked_wgrad_row(float* sums, const float* tile, const float* gt, const Bl
   constexpr int64_t L = V::size();
   constexpr int R = K <= 3 ? 2 : 1;
   V acc[R][K];
-  static_for<R>([&](auto r) { static_for<K>([&](auto kw) { acc[r][kw] = V(0.f); }); });
+  static_for_inlined<R>([&](auto r) { static_for_inlined<K>([&](auto kw) { acc[r][kw] = V(0.f); }); });
   for (int64_t oh = 0; oh < b.OH; ++oh) {
     const float* xr = tile + (oh * b.sh + kh * b.dh) * b.Wp * L;
     const float* gr = gt + oh * b.OW * L;
     int64_t ow = 0;
     for (; ow + R <= b.OW; ow += R) {
-      static_for<R>([&](auto r) {
+      static_for_inlined<R>([&](auto r) {
         const V gv = V::loadu(gr + (ow + r) * L);
         const float* x = xr + (ow + r) * S * L;
-        static_for<K>([&](auto kw) { acc[r][kw] = at::vec::fmadd(gv, V::loadu(x + kw * L), acc[r][kw]); });
+        static_for_inlined<K>([&](auto kw) { acc[r][kw] = at::vec::fmadd(gv, V::loadu(x + kw * L), acc[r][kw]); });
       });
     }
     for (; ow < b.OW; ++ow) {
       const V gv = V::loadu(gr + ow * L);
-      static_for<K>([&](auto kw) { acc[0][kw] = at::vec::fmadd(gv, V::loadu(xr + (ow * S + kw) * L), acc[0][kw]); });
+      static_for_inlined<K>(
+          [&](auto kw) { acc[0][kw] = at::vec::fmadd(gv, V::loadu(xr + (ow * S + kw) * L), acc[0][kw]); });
     }
   }
-  static_for<K>([&](auto kw) {
+  static_for_inlined<K>([&](auto kw) {
     V a = acc[0][kw];
-    static_for<R - 1>([&](auto r) { a = a + acc[r + 1][kw]; });
+    static_for_inlined<R - 1>([&](auto r) { a = a + acc[r + 1][kw]; });
     a.store(sums + kw * L);
   });
 }
@@ -486,19 +488,19 @@ void blocked_wgrad_3x3(float* sums, const float* tile, const float* gt, const Bl
   constexpr int64_t L = V::size();
   constexpr int U = S + 3;
   V acc[3][3];
-  static_for<3>([&](auto r) { static_for<3>([&](auto kw) { acc[r][kw] = V(0.f); }); });
+  static_for_inlined<3>([&](auto r) { static_for_inlined<3>([&](auto kw) { acc[r][kw] = V(0.f); }); });
   for (int64_t oh = 0; oh < b.OH; ++oh) {
     const float* gr = gt + oh * b.OW * L;
     const float* xr[3];
-    static_for<3>([&](auto r) { xr[r] = tile + (oh * b.sh + r * b.dh) * b.Wp * L; });
+    static_for_inlined<3>([&](auto r) { xr[r] = tile + (oh * b.sh + r * b.dh) * b.Wp * L; });
     int64_t ow = 0;
     for (; ow + 2 <= b.OW; ow += 2) {
       const V g0 = V::loadu(gr + ow * L), g1 = V::loadu(gr + (ow + 1) * L);
-      static_for<3>([&](auto r) {
+      static_for_inlined<3>([&](auto r) {
         const float* x = xr[r] + ow * S * L;
-        static_for<U>([&](auto u) {
+        static_for_inlined<U>([&](auto u) {
           const V xv = V::loadu(x + u * L);
-          static_for<3>([&](auto kw) {
+          static_for_inlined<3>([&](auto kw) {
             constexpr int d0 = decltype(u)::value - decltype(kw)::value;
             if constexpr (d0 == 0) acc[r][kw] = at::vec::fmadd(g0, xv, acc[r][kw]);
             if constexpr (d0 == S) acc[r][kw] = at::vec::fmadd(g1, xv, acc[r][kw]);
@@ -508,13 +510,14 @@ void blocked_wgrad_3x3(float* sums, const float* tile, const float* gt, const Bl
     }
     for (; ow < b.OW; ++ow) {
       const V g0 = V::loadu(gr + ow * L);
-      static_for<3>([&](auto r) {
-        static_for<3>(
+      static_for_inlined<3>([&](auto r) {
+        static_for_inlined<3>(
             [&](auto kw) { acc[r][kw] = at::vec::fmadd(g0, V::loadu(xr[r] + (ow * S + kw) * L), acc[r][kw]); });
       });
     }
   }
-  static_for<3>([&](auto r) { static_for<3>([&](auto kw) { acc[r][kw].store(sums + (r * 3 + kw) * L); }); });
+  static_for_inlined<3>(
+      [&](auto r) { static_for_inlined<3>([&](auto kw) { acc[r][kw].store(sums + (r * 3 + kw) * L); }); });
 }
 
 // The weight gradient's partial sums of the (n, channel block) planes: ws (N, C, taps + 1) as the
@@ -770,7 +773,7 @@ C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* 
   constexpr int P = 4 / V;
   const __m512 zero = _mm512_setzero_ps();
   __m512 x[P * V], acc[P * V];
-  static_for<P * V>([&](auto j) {
+  static_for_inlined<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
     x[j] = load_lanes(in[i] + v * p.src_lanes, src_lanes(p, v), end);
     acc[j] = _mm512_set1_ps(init[i]);
@@ -781,22 +784,22 @@ C10_ALWAYS_INLINE void register_resident(float* const* out, const float* const* 
     const __m512i idx = _mm512_loadu_si512(tap.idx.data());
     const __mmask16 k = tap.inside;
     if (tap.plain && tap.off == 0) {  // (a plain tap at off -1 reads vector k - 1: the permute below)
-      static_for<P * V>([&](auto j) { acc[j] = _mm512_fmadd_ps(x[j], _mm512_set1_ps(wc[j / V][t]), acc[j]); });
+      static_for_inlined<P * V>([&](auto j) { acc[j] = _mm512_fmadd_ps(x[j], _mm512_set1_ps(wc[j / V][t]), acc[j]); });
     } else if (tap.off == 0) {
-      static_for<P * V>([&](auto j) {
+      static_for_inlined<P * V>([&](auto j) {
         constexpr int v = j % V;
         const __m512 hi = v + 1 < V ? x[(j + 1) % (P * V)] : zero;
         acc[j] = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, x[j], idx, hi), _mm512_set1_ps(wc[j / V][t]), acc[j]);
       });
     } else {
-      static_for<P * V>([&](auto j) {
+      static_for_inlined<P * V>([&](auto j) {
         constexpr int v = j % V;
         const __m512 lo = v > 0 ? x[(j + P * V - 1) % (P * V)] : zero;
         acc[j] = _mm512_fmadd_ps(_mm512_maskz_permutex2var_ps(k, lo, idx, x[j]), _mm512_set1_ps(wc[j / V][t]), acc[j]);
       });
     }
   }
-  static_for<P * V>([&](auto j) {
+  static_for_inlined<P * V>([&](auto j) {
     constexpr int i = j / V, v = j % V;
     store_vector(out[i] + v * p.dst_lanes, store_lanes(p, v), acc[j]);
   });
@@ -903,15 +906,15 @@ void register_conv(float* dst, const float* src, const float* w, const float* in
 // vector reduced alone); lane l holds the sum of v[reduced_lane_source()[l]].
 inline __m512 reduce16(const __m512 (&v)[16]) {
   __m512 s8[8], s4[4], s2[2];
-  static_for<8>([&](auto i) {
+  static_for_inlined<8>([&](auto i) {
     const __m512 a = v[2 * i], b = v[2 * i + 1];
     s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
   });
-  static_for<4>([&](auto i) {
+  static_for_inlined<4>([&](auto i) {
     const __m512 a = s8[2 * i], b = s8[2 * i + 1];
     s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
   });
-  static_for<2>([&](auto i) {
+  static_for_inlined<2>([&](auto i) {
     const __m512 a = s4[2 * i], b = s4[2 * i + 1];
     s2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
   });
@@ -958,20 +961,20 @@ void register_wgrad_resident3x3(float* out, const float* x, const float* go, int
                                 int64_t C, const RegisterPlan& p, const float* x_end, const float* go_end) {
   const __m512 zero = _mm512_setzero_ps();
   __m512i idx[9];
-  static_for<9>([&](auto t) { idx[t] = _mm512_loadu_si512(p.taps[t].idx.data()); });
+  static_for_inlined<9>([&](auto t) { idx[t] = _mm512_loadu_si512(p.taps[t].idx.data()); });
   __m512 acc[16];
-  static_for<16>([&](auto t) { acc[t] = zero; });
+  static_for_inlined<16>([&](auto t) { acc[t] = zero; });
   for (int64_t n = n0; n < n1; ++n) {
     const int64_t plane = n * C + c;
     __m512 xv[V], g[V];
-    static_for<V>([&](auto v) {
+    static_for_inlined<V>([&](auto v) {
       xv[v] = load_lanes(x + plane * p.src_hw + v * p.src_lanes, src_lanes(p, v), x_end);
       g[v] = load_lanes(go + plane * p.dst_hw + v * p.dst_lanes, dst_lanes(p, v), go_end);
       acc[9] = _mm512_add_ps(acc[9], g[v]);
     });
-    static_for<9>([&](auto t) {
+    static_for_inlined<9>([&](auto t) {
       const RegisterTap& tap = p.taps[t];
-      static_for<V>([&](auto v) {
+      static_for_inlined<V>([&](auto v) {
         const __m512 lo = tap.off == 0 ? xv[v] : (v > 0 ? xv[(v + V - 1) % V] : zero);
         const __m512 hi = tap.off == 0 ? (v + 1 < V ? xv[(v + 1) % V] : zero) : xv[v];
         acc[t] = _mm512_fmadd_ps(g[v], _mm512_maskz_permutex2var_ps(tap.inside, lo, idx[t], hi), acc[t]);
@@ -1389,9 +1392,9 @@ void wide_conv(float* dst, const float* src, const float* w, const float* init, 
 template <int64_t kColumnStride, bool kMasked>
 C10_ALWAYS_INLINE void wide_wgrad_vector(WideIsa::Vec (&acc)[16], const float* x, WideIsa::Vec g,
                                          const WideIsa::Mask* mk, int64_t kh0, int64_t kh1, const WidePlan& p) {
-  static_for<3>([&](auto kh) {
+  static_for_inlined<3>([&](auto kh) {
     if (kh >= kh0 && kh < kh1) {
-      static_for<3>([&](auto kw) {
+      static_for_inlined<3>([&](auto kw) {
         constexpr int64_t t = 3 * kh + kw;
         acc[t] = WideIsa::fmadd(g, wide_tap<kColumnStride, kMasked>(x + p.tap_off[t], mk + 2 * t), acc[t]);
       });
@@ -1411,9 +1414,9 @@ void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, cons
   at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
     for (int64_t plane = begin; plane < end; ++plane) {
       Vec acc[16], total[16];  // store_sums reduces 16 at a time on AVX-512
-      static_for<16>([&](auto t) { total[t] = WideIsa::zero(); });
+      static_for_inlined<16>([&](auto t) { total[t] = WideIsa::zero(); });
       for (int64_t i0 = 0; i0 < p.dst_h; i0 += chunk_rows) {
-        static_for<10>([&](auto t) { acc[t] = WideIsa::zero(); });
+        static_for_inlined<10>([&](auto t) { acc[t] = WideIsa::zero(); });
         for (int64_t i = i0; i < std::min(p.dst_h, i0 + chunk_rows); ++i) {
           const auto [kh0, kh1] = p.krows[i];
           const float* xr = x + plane * p.src_hw + p.sh * i * p.src_w;
@@ -1427,7 +1430,7 @@ void wide_wgrad(float* ws, const float* x, const float* go, int64_t planes, cons
                                                    p.masks.data() + q * 18, kh0, kh1, p);
           }
         }
-        static_for<10>([&](auto t) { total[t] = WideIsa::add(total[t], acc[t]); });
+        static_for_inlined<10>([&](auto t) { total[t] = WideIsa::add(total[t], acc[t]); });
       }
       WideIsa::store_sums(ws + plane * 10, total, 10);
     }
@@ -1502,7 +1505,7 @@ void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGe
             const float* gr = gs + rows[k] * g.OW;
             const float* wk = wc + 3 * kh_list[k];
             const Vec w0 = WideIsa::broadcast(wk[0]), w1 = WideIsa::broadcast(wk[1]), w2 = WideIsa::broadcast(wk[2]);
-            static_for<4>([&](auto u) {
+            static_for_inlined<4>([&](auto u) {
               const int64_t q = q0 + std::min<int64_t>(u, m - 1);  // spares repeat the last
               const Vec win = WideIsa::load(p.window_lanes[q], gr + p.window[q]);
               acc[u] = WideIsa::fmadd(WideIsa::gather(p.spread[0], win), w0, acc[u]);
@@ -1510,7 +1513,7 @@ void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGe
               acc[u] = WideIsa::fmadd(WideIsa::gather(p.spread[2], win), w2, acc[u]);
             });
           }
-          static_for<4>([&](auto u) {
+          static_for_inlined<4>([&](auto u) {
             if (u < m) WideIsa::store(xr + (q0 + u) * L, p.row_lanes[q0 + u], acc[u]);
           });
         }

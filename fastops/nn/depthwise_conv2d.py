@@ -317,13 +317,13 @@ _NCHW_BLOCKED = "benchmarks/results/depthwise_conv2d_cpu_nchw_blocked.md"
 _DIGITS_AVX512 = "benchmarks/results/swap_policy_cpu_dw_digits_threads1.md"
 _DIGITS_AVX2 = "benchmarks/results/swap_policy_cpu_dw_digits_avx2_threads1.md"
 # NCHW fp32 after the register path for 3x3 kernels on rows to 16 wide (stride 1; 2026-11-28).
-_DIGITS_NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_threads1.md"
 _NCHW_REGISTER = "benchmarks/results/swap_policy_cpu_dw_nchw_register_threads1.md"
-_DIGITS_NCHW_STRIDED = "benchmarks/results/swap_policy_cpu_dw_digits_nchw_register_strided_threads1.md"
 # channels_last bf16 training after the one-instruction bf16 stores (2026-11-28; a recheck beside it).
 _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.md"
 # NCHW bf16 through the fp32 paths (Zen 5 host, 2026-11-28; AVX2: 5.67x torch at least, no region).
 _NCHW_BF16 = "benchmarks/results/swap_policy_cpu_dw_nchw_bf16_half_zen5_threads1.md"
+# NCHW fp32 after static_for_inlined (the channel-blocked rows' accumulators in registers; Zen 5 host).
+_NCHW_INLINED_AVX2 = "benchmarks/results/swap_policy_cpu_dw_nchw_inlined_avx2_zen5_threads1.md"
 
 
 def _out_side(case: policy.Case) -> int:
@@ -391,7 +391,6 @@ _fp32, _bf16 = torch.float32, torch.bfloat16
 for _region in [
     # 3x3 stride 1 at 8x8 to 14x14 left both regions with the register path (c384.14 1.28x / 1.49x, c576.14 1.68x / 1.75x).
     ("avx512", False, _fp32, False, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
-    ("avx512", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.76-0.96x", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
     ("avx512", False, _fp32, True, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
     # NCHW bf16 since it runs the fp32 paths through widened chunks (before: ours 0.27-0.98x on every
     # map to 28x28 and strided inference, 0.31-0.69x with 7x7 kernels: _NCHW_AVX512). The digits
@@ -400,14 +399,14 @@ for _region in [
     ("avx512", False, _bf16, False, "kernels to 5x5, strided, inputs 17x17 to 28x28", f"{_NCHW_BF16}: 0.94x", lambda c: _kernel(c) <= 5 and _strided(c) and 16 < _in_side(c) <= 28),
     ("avx512", False, _bf16, False, "kernels over 5x5, outputs to 7x7 or from 56x56", f"{_NCHW_BF16}: 0.89x, 0.97x", lambda c: _kernel(c) > 5 and not 7 < _out_side(c) < 56),
     ("avx512", False, _bf16, True, "kernels to 5x5, stride 1, outputs 14x14 to 28x28, over 128 channels", f"{_NCHW_BF16}: 0.93-0.95x", lambda c: _kernel(c) <= 5 and not _strided(c) and 14 <= _out_side(c) <= 28 and _channels(c) > 128),
-    ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.79-0.96x (one 1.12x)", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
-    # Few channels on small maps (the digits ConvNet): where the wide MobileNetV2 layers above win.
-    # Stride 1 to 4x4 left both regions with the register path (64x128x4x4: 1.29x inference, 1.21x training).
-    # Strided from maps over 8 wide left it with the strided register path (64x32x16x16 s2: 1.16x).
-    # Strided training on maps to 8x8 left it once the register path stored plain vectors (16x64x8x8
-    # s2: 1.04x on the Zen 4 host before, 1.54x on a Zen 5 host after;
-    # benchmarks/results/swap_policy_cpu_dw_nchw_zen5_threads1.md).
-    ("avx512", False, _fp32, False, "3x3 kernels strided, from maps to 8x8", f"{_DIGITS_NCHW_STRIDED}: 0.80x; stride 1 at 4x4 out: {_DIGITS_NCHW_REGISTER}", lambda c: _kernel(c) <= 3 and _strided(c) and _in_side(c) <= 8),
+    ("avx2", False, _fp32, False, "kernels over 5x5, outputs to 14x14", f"{_NCHW_BLOCKED}: 0.79-0.96x (one 1.12x); {_NCHW_INLINED_AVX2}: 0.92-0.93x", lambda c: _kernel(c) > 5 and _out_side(c) <= 14),
+    # AVX-512 NCHW fp32 inference with 7x7 kernels to 14x14 outputs (0.76-0.96x) and the digits
+    # ConvNet's strided 3x3 layer on 8x8 maps (0.80x, swap_policy_cpu_dw_digits_nchw_register_strided_
+    # threads1.md) left oneDNN once the channel-blocked rows kept their accumulators in registers
+    # (static_for_inlined; swap_policy_cpu_dw_nchw_inlined_zen5_threads1.md: 1.11x, 1.06x, 1.76x; ours
+    # at 1.03x or more on all 38 rows).
+    # Its stride-1 layers to 4x4 had left with the register path, its strided ones from 16x16 with the
+    # strided register path, its strided training with plain-vector stores.
     # channels_last: only the kernel sizes measured (3x3, 7x7; 5x5 runs ours), except bf16 inference
     # on AVX-512, where oneDNN's bf16 kernel wins at every size and kernel.
     ("avx512", True, _fp32, False, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.70-0.97x; {_DIGITS_AVX512}: 0.64-0.71x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),
