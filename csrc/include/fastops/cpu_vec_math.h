@@ -48,7 +48,8 @@ inline int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t round_up(int64_t a, int64_t b) { return div_up(a, b) * b; }
 
 // f(std::integral_constant<int, 0>{}), ..., f(std::integral_constant<int, N - 1>{}): a loop whose
-// index is a compile-time constant in the body, so small arrays indexed by it stay in registers.
+// index is a compile-time constant in the body, so small arrays indexed by it can stay in registers
+// (GCC does not always keep them there: see static_for_inlined below).
 template <int N, typename F>
 inline void static_for(F&& f) {
   [&]<int... I>(std::integer_sequence<int, I...>) {
