@@ -1681,7 +1681,7 @@ void run_weight_sums(FastPath path, float* ws, const float* x, const float* go, 
 // of about L2/4, and the result is narrowed back: memory still carries only the fp16/bf16 tensors,
 // and the conversions add ~2 instructions per element. FASTOPS_NCHW_HALF_FP32=0 in the environment
 // (read once) leaves fp16/bf16 to the phase planes, for A/B runs.
-// Where it pays (thread-time A/B per pass, bf16, both ISAs): every strided pass (1.5-3x faster) and
+// Where it pays (thread-time A/B per pass, bf16, both ISAs): every strided pass (1.3-3.8x faster) and
 // weight gradient, and stride-1 forward and input gradient on the register and channel-blocked paths'
 // maps under 48 wide (1.3-2x). Stride-1 forward and input gradient on wider maps, and on the wide-row
 // path at any width, stay with the phase planes, which widen each plane as they go: through fp32 the

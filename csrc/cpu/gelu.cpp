@@ -454,9 +454,9 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
 // pieces 16 KiB apart, which the prefetchers follow badly (fp32 1024x4096 backward ~4.1 -> ~3.5 ms).
 // Within a tile the rows are walked one at a time, in order, each as one stream of x, g and dx, with the
 // bias and the accumulator read from L1. (Four rows down each column vector together, which kept the
-// bias and the accumulator in registers, ran 12 streams 8-16 KiB apart and was slower: AVX-512 bf16
-// 1024x4096 backward 2.15 -> 1.47 ms, fp32 1.79 -> 1.63, AVX2 fp32 fwd+bwd 4.73 -> 4.35 ms; see
-// benchmarks/results/gelu_cpu_bias_rows_zen5.md.)
+// bias and the accumulator in registers, ran 12 streams 8-16 KiB apart and spilled: one row at a time,
+// the AVX-512 bf16 1024x4096 backward 2.15 -> 1.24 ms, AVX2 fp32 2.76 -> 2.38 ms; the AVX-512 fp32 one,
+// memory-bound, unchanged; benchmarks/results/gelu_cpu_bias_rows_zen5.md.)
 constexpr int64_t kColBlock = 4096;
 constexpr int64_t kMaxRowBlocks = 64;
 constexpr int64_t kMinTileElements = 16384;

@@ -307,8 +307,6 @@ register_swap_rule(
 # Where F.conv2d (oneDNN) beats our CPU kernels: fastops.policy sends those calls to it. From
 # benchmarks/bench_swap_policy.py, 1 thread, batch 16, the MobileNetV2 / ConvNeXt-atto layer shapes
 # (channels_last: thread CPU time, --thread-time).
-_NCHW_AVX512 = "benchmarks/results/swap_policy_cpu_dw_nchw_threads1.md"
-_NCHW_AVX2 = "benchmarks/results/swap_policy_cpu_dw_nchw_avx2_threads1.md"
 _CL_AVX512 = "benchmarks/results/swap_policy_cpu_dw_cl_threads1.md"
 _CL_AVX2 = "benchmarks/results/swap_policy_cpu_dw_cl_avx2_threads1.md"
 # NCHW fp32 since the channel-blocked kernels (two runs per ISA, thread time; the table and the runs).
@@ -393,7 +391,7 @@ for _region in [
     ("avx512", False, _fp32, False, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
     ("avx512", False, _fp32, True, "5x5 kernels to outputs 14x14 (not measured)", f"{_NCHW_BLOCKED} (3x3 since: {_NCHW_REGISTER})", lambda c: 3 < _kernel(c) <= 5 and _out_side(c) <= 14),
     # NCHW bf16 since it runs the fp32 paths through widened chunks (before: ours 0.27-0.98x on every
-    # map to 28x28 and strided inference, 0.31-0.69x with 7x7 kernels: _NCHW_AVX512). The digits
+    # map to 28x28 and strided inference, 0.31-0.69x with 7x7 kernels: swap_policy_cpu_dw_nchw_threads1.md). The digits
     # layers, 7x7 maps, strided maps from 56x56 and 14x14/28x28 7x7 layers are ours now (1.08-1.55x).
     ("avx512", False, _bf16, False, "kernels to 5x5, stride 1, outputs 14x14 to 28x28, over 128 channels", f"{_NCHW_BF16}: 0.91-1.00x", lambda c: _kernel(c) <= 5 and not _strided(c) and 14 <= _out_side(c) <= 28 and _channels(c) > 128),
     ("avx512", False, _bf16, False, "kernels to 5x5, strided, inputs 17x17 to 28x28", f"{_NCHW_BF16}: 0.94x", lambda c: _kernel(c) <= 5 and _strided(c) and 16 < _in_side(c) <= 28),
