@@ -1,4 +1,4 @@
-// The Autograd kernels of gelu, bias_gelu, clipped_log and depthwise_conv2d, in C++.
+// The Autograd kernels of gelu, bias_gelu, clipped_log, depthwise_conv2d and batch_norm, in C++.
 //
 // Why: registered from Python (torch.library.register_autograd) every call of these ops entered a
 // Python kernel at the Autograd key, with grad or without: with a 0-element tensor on the CPU,
@@ -10,7 +10,7 @@
 //
 // Double backward: with create_graph the backward op is called through autograd instead, where its
 // own registration (Python, fastops/ops/*.py: gelu'' and the clamp's second derivative) records the
-// graph (depthwise's backward ops have none, as before). Each op's fake kernel stays in Python, and
+// graph (depthwise's and batch_norm's backward ops have none). Each op's fake kernel stays in Python, and
 // its autocast rule where it was (Python, or csrc/autocast.cpp for depthwise).
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -44,6 +44,13 @@ using DepthwiseBackwardInputSig = at::Tensor(const at::Tensor&, const at::Tensor
 using DepthwiseBackwardWeightSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                       at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
                                                                       at::IntArrayRef);
+using BatchNormSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double);
+using BatchNormBackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                            const std::optional<at::Tensor>&,
+                                                                            const at::Tensor&, const at::Tensor&, bool,
+                                                                            bool);
 
 const auto& gelu_op() {
   static const auto op = find_op<GeluSig>("fastops::gelu");
@@ -80,6 +87,14 @@ const auto& depthwise_backward_input_op() {
 }
 const auto& depthwise_backward_weight_op() {
   static const auto op = find_op<DepthwiseBackwardWeightSig>("fastops::depthwise_conv2d_backward_weight");
+  return op;
+}
+const auto& batch_norm_op() {
+  static const auto op = find_op<BatchNormSig>("fastops::batch_norm");
+  return op;
+}
+const auto& batch_norm_backward_op() {
+  static const auto op = find_op<BatchNormBackwardSig>("fastops::batch_norm_backward");
   return op;
 }
 
@@ -223,10 +238,65 @@ at::Tensor depthwise_autograd(const at::Tensor& x, const at::Tensor& weight, con
   return DepthwiseFunction::apply(x, weight, bias, stride.vec(), padding.vec(), dilation.vec());
 }
 
+// ---- batch_norm ----------------------------------------------------------------------------------
+
+class BatchNormFunction : public torch::autograd::Function<BatchNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                               const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
+                               const std::optional<at::Tensor>& running_var, bool training, double eps) {
+    auto [y, mean, invstd, unbiased_var] =
+        below_autograd(batch_norm_op(), x, weight, bias, running_mean, running_var, training, eps);
+    const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+    // y is not saved: the backward needs x - mean, which x and mean give without a division.
+    ctx->save_for_backward({x, w, mean, invstd});
+    ctx->saved_data["training"] = training;
+    const bool has_bias = bias.has_value() && bias->defined();
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(has_bias ? bias->scalar_type() : mean.scalar_type());
+    ctx->mark_non_differentiable({mean, invstd, unbiased_var});
+    return {y, mean, invstd, unbiased_var};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    variable_list out(7);                 // one per argument of forward
+    if (!grads[0].defined()) return out;  // y did not reach the loss
+    // needs_input_grad counts the defined tensor arguments only (an absent weight has no slot).
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const bool input_grad = ctx->needs_input_grad(0);
+    const bool weight_grad = w.defined() && ctx->needs_input_grad(1);
+    const bool bias_grad = has_bias && ctx->needs_input_grad(w.defined() ? 2 : 1);
+    const std::optional<at::Tensor> weight = w.defined() ? std::optional<at::Tensor>(w) : std::nullopt;
+    auto [grad_x, grad_w, grad_b] = backward_call(batch_norm_backward_op(), grads[0], x, weight, saved[2], saved[3],
+                                                  ctx->saved_data["training"].toBool(), input_grad);
+    if (input_grad) out[0] = grad_x;
+    // The per-channel gradients come in the compute dtype; a parameter keeps its own.
+    if (weight_grad) out[1] = grad_w.to(w.scalar_type());
+    if (bias_grad) out[2] = grad_b.to(static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt()));
+    return out;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_autograd(
+    const at::Tensor& x, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double eps) {
+  const at::Tensor w = weight.has_value() ? *weight : at::Tensor();
+  const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
+  if (!records_grad({&x, &w, &b})) {
+    return below_autograd(batch_norm_op(), x, weight, bias, running_mean, running_var, training, eps);
+  }
+  const variable_list out = BatchNormFunction::apply(x, weight, bias, running_mean, running_var, training, eps);
+  return {out[0], out[1], out[2], out[3]};
+}
+
 }  // namespace
 }  // namespace fastops
 
 TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
+  m.impl("batch_norm", &fastops::batch_norm_autograd);
   m.impl("gelu", &fastops::gelu_autograd);
   m.impl("bias_gelu", &fastops::bias_gelu_autograd);
   m.impl("clipped_log", &fastops::clipped_log_autograd);

@@ -42,6 +42,19 @@ std::string build_info() {
 TORCH_LIBRARY(fastops, m) {
   m.def("_build_info() -> str", &fastops::build_info);
 
+  // batch_norm: y = (x - mean) * invstd * weight + bias over dim 1, the statistics of the batch
+  // (training) or the running ones (eval); fastops/ops/batch_norm.py. Returns (y, mean, invstd,
+  // unbiased_var): mean and invstd in the compute dtype for the backward; unbiased_var (training only,
+  // else empty) for the running-statistics update the caller makes. The backward returns (grad_x or
+  // an empty tensor unless input_grad, grad_weight, grad_bias); grad_weight and grad_bias in the
+  // compute dtype.
+  m.def(
+      "batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, "
+      "float eps) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "batch_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor mean, Tensor invstd, bool training, "
+      "bool input_grad) -> (Tensor, Tensor, Tensor)");
+
   // clipped_log: log(clamp(x, min=eps)); fastops/ops/clipped_log.py
   m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
   m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");

@@ -1,12 +1,13 @@
 """fastops: fused training ops for PyTorch, as C++/CUDA kernels registered under torch.ops.fastops.
 
 Public API:
+  batch_norm                      F.batch_norm: one statistics + normalisation pass, one backward pass
   clipped_log                     log(clamp(x, eps)) with a straight-through gradient
   depthwise_conv2d                F.conv2d(groups=C), NCHW and channels_last kernels, both backwards
   depthwise_separable_conv2d      depthwise conv + 1x1 conv fused on the CPU (channels_last tiles)
   gelu, bias_gelu                 GELU (erf or tanh form), optionally fused with a bias add
   squeeze_excite                  squeeze-excitation block: fused pool / scale passes, one-pass backward
-  swap_modules                    swap GELUs, depthwise convs, Linear->GELU and Mlp blocks (timm's too) for fastops modules
+  swap_modules                    swap GELUs, BatchNorm2d, depthwise convs, Linear->GELU and Mlp blocks (timm's too) for fastops modules
   register_swap_rule              teach swap_modules a rule of your own (SwapRule, PairRule)
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
@@ -19,6 +20,7 @@ from fastops import _extension
 _extension.load()
 
 from fastops import nn, ops, optim, reference  # noqa: E402
+from fastops.ops.batch_norm import batch_norm  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  # noqa: E402
@@ -30,6 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__",
+    "batch_norm",
     "bias_gelu",
     "clipped_log",
     "depthwise_conv2d",

@@ -5,6 +5,9 @@ class (a user can register rules for their own modules with :func:`register_swap
 
 * ``nn.GELU``, and modules that are GELU by contract (timm's ``GELU`` and ``GELUTanh``; add your
   own with :func:`fastops.nn.register_gelu_module`)            -> ``fastops.nn.GELU``
+* ``nn.BatchNorm2d`` (and subclasses that do not override ``forward``)
+                                                -> ``fastops.nn.BatchNorm2d``, a subclass of it
+                                                   sharing the Parameters and running statistics
 * depthwise ``nn.Conv2d`` (groups == in == out channels, zero padding mode)
                                                 -> ``fastops.nn.DepthwiseConv2d``
 * depthwise convs with TensorFlow "same" padding computed per input size (timm's ``Conv2dSame``;

@@ -176,7 +176,7 @@ bench)
   # few seconds, and what every small call costs on this host. depthwise_conv2d:cl is the
   # channels_last half, bf16 first (the NCHW CUDA path of the module is cuDNN). Each benchmark gets
   # BENCH_TIMEOUT s, or with BENCH_BUDGET an equal share of what the ones before it left.
-  benches=(${FASTOPS_BENCHES:-host_overhead gelu clipped_log depthwise_conv2d:cl squeeze_excite fused_adam fused_adam:bf16})
+  benches=(${FASTOPS_BENCHES:-host_overhead gelu clipped_log depthwise_conv2d:cl squeeze_excite fused_adam fused_adam:bf16 batch_norm})
   bench_start=$SECONDS
   for k in "${!benches[@]}"; do
     bench=${benches[$k]} name=${bench%%:*} variant=() log=bench_${bench/:/_}

@@ -1,5 +1,6 @@
 """Public functions of every op, with their fake kernels, autograd and autocast rules."""
 
+from fastops.ops.batch_norm import batch_norm
 from fastops.ops.clipped_log import clipped_log
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
@@ -8,6 +9,7 @@ from fastops.ops.gelu import bias_gelu, gelu
 from fastops.ops.squeeze_excite import squeeze_excite
 
 __all__ = [
+    "batch_norm",
     "bias_gelu",
     "clipped_log",
     "depthwise_conv2d",

@@ -134,9 +134,12 @@ def sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
     if device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
+    from fastops.nn.batch_norm import BatchNorm2d  # swap_modules' twin: the same module, our kernels
+
     def convert(parent: nn.Module) -> None:
         for name, child in parent.named_children():
-            if type(child) is nn.BatchNorm2d:
+            # The fastops twin too: its statistics are per rank like the stock module's.
+            if isinstance(child, nn.BatchNorm2d) and type(child) in (nn.BatchNorm2d, BatchNorm2d):
                 setattr(parent, name, GlooSyncBatchNorm.from_batchnorm(child))
             else:
                 convert(child)
