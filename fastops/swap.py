@@ -220,6 +220,7 @@ class SwapReport:
         if self.undone:
             raise RuntimeError("fastops.swap_modules: this swap has already been undone")
         for r in reversed(self.replaced):
+            _carry_buffers(r.new, r.old)
             setattr(r.parent, r.attr, r.old)
         self.undone = True
 
@@ -240,6 +241,21 @@ class SwapReport:
             lines.append("  these run PyTorch's kernel where it is measured faster (fastops.policy):")
             lines += [f"    {line}" for line in fallbacks]
         return "\n".join(lines)
+
+
+def _carry_buffers(twin: nn.Module, original: nn.Module) -> None:
+    """Hand the twin's buffers back to the original module where they are no longer the same tensors.
+
+    A twin shares its original's Parameter and buffer objects, but a conversion of the model
+    (``.to(device)``, ``.double()``) rebinds each buffer to a new tensor (Parameters are converted in
+    place), so after ``model.cuda()`` the original BatchNorm would come back with its old CPU running
+    statistics. Buffers are matched by name."""
+    twin_buffers = dict(twin.named_buffers())
+    for name, buffer in list(original.named_buffers()):
+        current = twin_buffers.get(name)
+        if current is not None and current is not buffer:
+            owner, _, leaf = name.rpartition(".")
+            setattr(original.get_submodule(owner) if owner else original, leaf, current)
 
 
 def _type_name(m: nn.Module) -> str:

@@ -108,6 +108,23 @@ def test_swap_replaces_batchnorm2d_and_undo_restores_it() -> None:
     assert int(model[1].num_batches_tracked) == 1  # the step taken while swapped is kept
 
 
+def test_undo_after_a_conversion_keeps_the_running_statistics() -> None:
+    """model.double() (like .to(device)) gives the twin new buffer tensors; undo hands them back, so
+    the restored nn.BatchNorm2d has the statistics of the steps taken, in the new dtype."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    report = fastops.swap_modules(model)
+    model.double()
+    model(torch.randn(2, 3, 6, 6, dtype=torch.float64))
+    twin = model[1]
+    report.undo()
+    restored = model[1]
+    assert type(restored) is nn.BatchNorm2d
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert restored.get_buffer(name) is twin.get_buffer(name)
+    assert restored.running_mean.dtype == torch.float64 and int(restored.num_batches_tracked) == 1
+    model(torch.randn(2, 3, 6, 6, dtype=torch.float64))  # runs: weights and statistics agree in dtype
+
+
 def test_cuda_runs_the_stock_kernel_until_measured() -> None:
     """No GPU run has timed the CUDA kernel yet: under "auto" a CUDA module runs cuDNN's."""
     case = policy.Case("batch_norm", "cuda", None, False, torch.float32, (8, 4, 5, 5), True)
