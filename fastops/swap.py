@@ -8,6 +8,9 @@ class (a user can register rules for their own modules with :func:`register_swap
 * ``nn.BatchNorm2d`` (and subclasses that do not override ``forward``)
                                                 -> ``fastops.nn.BatchNorm2d``, a subclass of it
                                                    sharing the Parameters and running statistics
+* timm's ``BatchNormAct2d`` (batch norm, then its ``drop`` and ``act`` children)
+                                                -> ``fastops.nn.BatchNormAct2d``, around the same
+                                                   ``drop`` and ``act`` module objects
 * depthwise ``nn.Conv2d`` (groups == in == out channels, zero padding mode)
                                                 -> ``fastops.nn.DepthwiseConv2d``
 * depthwise convs with TensorFlow "same" padding computed per input size (timm's ``Conv2dSame``;

@@ -1,5 +1,6 @@
-"""fastops.nn.BatchNorm2d: the module face of fastops.batch_norm, and the swap rule for
-``nn.BatchNorm2d``."""
+"""fastops.nn.BatchNorm2d and BatchNormAct2d: the module faces of fastops.batch_norm, and the swap
+rules for ``nn.BatchNorm2d`` and for timm's ``BatchNormAct2d`` (batch norm, then its own ``drop`` and
+``act`` modules)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import torch
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import share_parameters
+from fastops.nn._twin import forward_mismatch, share_parameters
 from fastops.ops.batch_norm import batch_norm
-from fastops.swap import SwapRule, class_path, overrides, register_swap_rule
+from fastops.swap import (
+    SwapRule,
+    class_path,
+    global_module_hooks,
+    overrides,
+    register_swap_rule,
+    unsafe_to_replace,
+)
 
 _STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
@@ -61,11 +69,92 @@ class BatchNorm2d(nn.BatchNorm2d):
         )
 
 
+# nn.BatchNorm2d subclasses whose forward is nn.BatchNorm2d's followed by their own ``drop`` and then
+# ``act`` children (timm's BatchNormAct2d, in EfficientNet, MobileNetV3, ...). Class paths, so timm
+# need not be imported; the swap still checks the claim on a probe input.
+_NORM_ACT_CLASSES = {"timm.layers.norm_act.BatchNormAct2d"}
+
+
+class BatchNormAct2d(BatchNorm2d):
+    """``act(drop(batch_norm(x)))``: the twin of timm's ``BatchNormAct2d``, built by :meth:`from_torch`
+    around the original's own ``drop`` and ``act`` module objects, so the state_dict keys and whatever
+    those modules do are unchanged; the batch norm is :class:`BatchNorm2d`'s."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        act: nn.Module | None = None,
+        drop: nn.Module | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.drop = drop if drop is not None else nn.Identity()
+        self.act = act if act is not None else nn.Identity()
+
+    @classmethod
+    def from_torch(cls, m: nn.BatchNorm2d) -> BatchNormAct2d:  # type: ignore[override]
+        if class_path(type(m)) not in _NORM_ACT_CLASSES:
+            raise TypeError(
+                f"fastops.nn.BatchNormAct2d.from_torch: expected timm's BatchNormAct2d, got {class_path(type(m))}"
+            )
+        new = cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, device="meta")
+        share_parameters(new, m, _STATE)
+        new.drop = m.get_submodule("drop")
+        new.act = m.get_submodule("act")
+        new.train(m.training)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.drop(super().forward(x)))
+
+
+def _norm_act_skip_reason(m: nn.BatchNorm2d) -> str | None:
+    """Why a module registered as BatchNormAct2d is not one the twin computes, or None."""
+    names = {name for name, _ in m.named_children()}
+    if names != {"drop", "act"}:
+        return f"children {sorted(names)}, not drop and act"
+    # The probe runs the module's forward: it must not fire hooks or move the running statistics.
+    hooked = [name for name, sub in m.named_modules() if name and unsafe_to_replace(sub)]
+    if hooked or global_module_hooks():
+        where = ", ".join(hooked) if hooked else "global module hooks"
+        return f"its forward cannot be checked without running the hooks of {where}"
+    if m.running_mean is None or m.running_var is None:
+        return "it tracks no running statistics, which the eval-mode probe needs"
+
+    def as_assumed(x: Tensor) -> Tensor:
+        y = nn.functional.batch_norm(x, m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps)
+        return m.get_submodule("act")(m.get_submodule("drop")(y))
+
+    modes = {sub: sub.training for sub in m.modules()}
+    m.eval()
+    try:
+        ref = m.running_mean
+        reason = forward_mismatch(m, as_assumed, [(2, m.num_features, 3, 3)], ref.device, ref.dtype)
+    finally:
+        for sub, training in modes.items():
+            sub.training = training
+    return None if reason is None else f"registered as batch norm -> drop -> act, but {reason}"
+
+
 def _skip_reason(m: nn.BatchNorm2d) -> str | None:
     changed = overrides(type(m), nn.BatchNorm2d, "forward")
     return f"subclass of nn.BatchNorm2d overrides {', '.join(changed)}()" if changed else None
 
 
+# Before the BatchNorm2d rule: these are nn.BatchNorm2d subclasses too, which it would skip.
+register_swap_rule(
+    SwapRule(
+        "batch_norm_act",
+        matches=lambda m: class_path(type(m)) in _NORM_ACT_CLASSES,
+        replace=BatchNormAct2d.from_torch,
+        skip_reason=_norm_act_skip_reason,
+    )
+)
 register_swap_rule(
     SwapRule(
         "batch_norm",

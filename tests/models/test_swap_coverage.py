@@ -21,13 +21,15 @@ timm = pytest.importorskip("timm")
 
 _TIMM_GELUS = {"timm.layers.activations.GELU", "timm.layers.activations.GELUTanh"}
 _MLP_CHILDREN = {"fc1", "act", "drop1", "norm", "fc2", "drop2"}
+_BN_ACT = "timm.layers.norm_act.BatchNormAct2d -> fastops.nn.BatchNormAct2d"
 
 
 def _is_candidate(m: nn.Module) -> bool:
     """What a user would expect the swap to consider, decided here independently of its rules."""
     is_conv = isinstance(m, nn.Conv2d) and m.groups == m.in_channels == m.out_channels
     is_mlp = {name for name, _ in m.named_children()} == _MLP_CHILDREN
-    return isinstance(m, nn.GELU) or class_path(type(m)) in _TIMM_GELUS or is_conv or is_mlp
+    is_bn = isinstance(m, nn.BatchNorm2d)  # nn.BatchNorm2d and timm's BatchNormAct2d
+    return isinstance(m, nn.GELU) or class_path(type(m)) in _TIMM_GELUS or is_conv or is_mlp or is_bn
 
 
 # name -> (constructor, input side, {"old -> new": the least count that must be replaced})
@@ -35,12 +37,12 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], int, dict[str, int]]] = {
     "timm_mobilenetv3_small_100": (
         lambda: timm.create_model("mobilenetv3_small_100", num_classes=10),
         64,
-        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 11},
+        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 11, _BN_ACT: 34},
     ),
     "timm_efficientnet_b0": (
         lambda: timm.create_model("efficientnet_b0", num_classes=10),
         64,
-        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 16},
+        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 16, _BN_ACT: 49},
     ),
     "timm_tf_efficientnet_b0": (  # odd side: TF "same" pads asymmetrically
         lambda: timm.create_model("tf_efficientnet_b0", num_classes=10),
@@ -48,6 +50,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], int, dict[str, int]]] = {
         {
             "timm.layers.conv2d_same.Conv2dSame -> fastops.nn.DepthwiseConv2dSame": 4,
             "nn.Conv2d -> fastops.nn.DepthwiseConv2d": 12,
+            _BN_ACT: 49,
         },
     ),
     "timm_convnext_atto": (
@@ -66,12 +69,12 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], int, dict[str, int]]] = {
     "torchvision_mobilenet_v2": (
         lambda: torchvision.models.mobilenet_v2(num_classes=10),
         64,
-        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 17},
+        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 17, "nn.BatchNorm2d -> fastops.nn.BatchNorm2d": 52},
     ),
     "torchvision_efficientnet_b0": (
         lambda: torchvision.models.efficientnet_b0(num_classes=10),
         64,
-        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 16},
+        {"nn.Conv2d -> fastops.nn.DepthwiseConv2d": 16, "nn.BatchNorm2d -> fastops.nn.BatchNorm2d": 49},
     ),
     "torchvision_convnext_tiny": (
         lambda: torchvision.models.convnext_tiny(num_classes=10),

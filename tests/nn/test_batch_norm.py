@@ -141,3 +141,17 @@ def test_under_autocast_and_compile() -> None:
     compiled = torch.compile(ours, fullgraph=True)
     stock.train()
     torch.testing.assert_close(compiled(x), stock(x), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_act_module() -> None:
+    """BatchNormAct2d = act(drop(BatchNorm2d)); timm's class is swapped to it (tests/models)."""
+    torch.manual_seed(0)
+    m = fastops.nn.BatchNormAct2d(4, act=nn.ReLU())
+    stock = nn.BatchNorm2d(4)
+    x = torch.randn(3, 4, 5, 5)
+    torch.testing.assert_close(m(x), torch.relu(stock(x)), rtol=1e-5, atol=1e-5)
+    assert list(m.state_dict()) == list(stock.state_dict())
+    with pytest.raises(
+        TypeError, match=r"fastops\.nn\.BatchNormAct2d\.from_torch: expected timm's BatchNormAct2d"
+    ):
+        fastops.nn.BatchNormAct2d.from_torch(nn.BatchNorm2d(4))
