@@ -66,16 +66,7 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                 fwd = {k: (lambda m=m, x=x: m(x)) for k, m in modules.items()}
                 fwd["copy"] = common.same_size_copy(x)
                 yield common.BenchCase(name, "fwd", dtype, size, fwd, nbytes=2 * n, grad=False)
-                steps = {}
-                for k, m in modules.items():
-                    xi = x.detach().clone().requires_grad_(True)
-
-                    def step(
-                        m: nn.Module = m, xi: torch.Tensor = xi, g: torch.Tensor = g
-                    ) -> tuple[torch.Tensor, ...]:
-                        return torch.autograd.grad(m(xi), [xi, *m.parameters()], g)
-
-                    steps[k] = step
+                steps = common.module_grad_steps(modules, x, g)
                 yield common.BenchCase(name, "fwd+bwd", dtype, size, steps, nbytes=5 * n)
 
 

@@ -86,16 +86,7 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                 size = f"{batch}x{c}x{side}x{side}-{layout}"
                 fwd = {k: (lambda b=b, x=x: b(x)) for k, b in blocks.items()}
                 yield common.BenchCase(name, "fwd", dtype, size, fwd, nbytes=3 * n, grad=False)
-                steps = {}
-                for k, b in blocks.items():
-                    xi = x.detach().clone().requires_grad_(True)
-
-                    def step(
-                        b: nn.Module = b, xi: torch.Tensor = xi, g: torch.Tensor = g
-                    ) -> tuple[torch.Tensor, ...]:
-                        return torch.autograd.grad(b(xi), [xi, *b.parameters()], g)
-
-                    steps[k] = step
+                steps = common.module_grad_steps(blocks, x, g)
                 yield common.BenchCase(name, "fwd+bwd", dtype, size, steps, nbytes=7 * n)
 
 

@@ -406,6 +406,18 @@ def same_size_copy(x: torch.Tensor) -> Callable[[], object]:
     return lambda: out.copy_(x)
 
 
+def module_grad_steps(
+    modules: dict[str, torch.nn.Module], x: torch.Tensor, g: torch.Tensor
+) -> dict[str, Callable[[], object]]:
+    """One forward + backward per module: the gradients of its own copy of x and of its parameters
+    for the upstream gradient g (torch.autograd.grad, so nothing accumulates between calls)."""
+
+    def step(m: torch.nn.Module, xi: torch.Tensor) -> Callable[[], object]:
+        return lambda: torch.autograd.grad(m(xi), [xi, *m.parameters()], g)
+
+    return {k: step(m, x.detach().clone().requires_grad_(True)) for k, m in modules.items()}
+
+
 def human_size(n: int) -> str:
     for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:

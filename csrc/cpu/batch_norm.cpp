@@ -442,13 +442,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(const at::Ten
                                                                    const at::Tensor& mean_in,
                                                                    const at::Tensor& invstd_in, bool training,
                                                                    bool input_grad) {
-  constexpr const char* op = "batch_norm_backward";
-  check_bn_input(op, "x", x_in);
-  check_same_dtype(op, "grad_out", grad_in, "x", x_in);
-  check_same_shape(op, "grad_out", grad_in, "x", x_in);
-  check_bn_per_channel(op, "weight", weight, x_in);
-  check_bn_statistic(op, "mean", mean_in, x_in);
-  check_bn_statistic(op, "invstd", invstd_in, x_in);
+  check_bn_backward("batch_norm_backward", grad_in, x_in, weight, mean_in, invstd_in);
   const bool rows = bn_rows(x_in);
   const at::Tensor x = bn_layout(x_in, rows);
   const at::Tensor g = match_layout(grad_in, x);

@@ -4,6 +4,8 @@ rules for ``nn.BatchNorm2d`` and for timm's ``BatchNormAct2d`` (batch norm, then
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -102,12 +104,10 @@ class BatchNormAct2d(BatchNorm2d):
             raise TypeError(
                 f"fastops.nn.BatchNormAct2d.from_torch: expected timm's BatchNormAct2d, got {class_path(type(m))}"
             )
-        new = cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, device="meta")
-        share_parameters(new, m, _STATE)
+        new = super().from_torch(m)  # the batch norm's Parameters and buffers, train/eval
         new.drop = m.get_submodule("drop")
         new.act = m.get_submodule("act")
-        new.train(m.training)
-        return new
+        return new  # type: ignore[return-value]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.act(self.drop(super().forward(x)))
@@ -196,16 +196,9 @@ policy.register_slower_region(
         "cpu",
         "NCHW fp16/bf16 with maps of at most 16 elements (4x4): one vector a plane",
         f"{_CPU_RESULTS}: 64x128x4x4 bf16 fwd 0.81x, fwd+bwd 0.88x eager (larger maps 1.01-2.22x)",
-        lambda case: len(case.shape) > 2 and _map_elements(case.shape) <= 16,
+        lambda case: len(case.shape) > 2 and math.prod(case.shape[2:]) <= 16,
         isas=("avx512",),
         channels_last=False,
         dtypes=(torch.float16, torch.bfloat16),
     )
 )
-
-
-def _map_elements(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape[2:]:
-        n *= d
-    return n

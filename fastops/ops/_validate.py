@@ -46,6 +46,27 @@ def check_positive_float(op: str, arg: str, value: object) -> float:
     return value
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the kernels compute in for x (and hold scalars and per-channel results in):
+    float64 for float64 x, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def check_positive_fits_compute_type(op: str, arg: str, value: object, x: torch.Tensor) -> float:
+    """A finite float > 0 that stays so in x's compute dtype (fastops/checks.h has the C++ twin):
+    eps=1e39 would be +inf in float32 and 1e-46 would be 0."""
+    number = check_positive_float(op, arg, value)
+    compute = compute_dtype(x)
+    info = torch.finfo(compute)
+    lo = info.smallest_normal * info.eps
+    if number > info.max or number < lo:
+        raise ValueError(
+            f"fastops.{op}: {arg}={number!r} does not fit {compute} (the type {op} computes in for {x.dtype} "
+            f"input): expected {lo:.3g} <= {arg} <= {info.max:.3g}"
+        )
+    return number
+
+
 # ---- shared by the convolution ops ---------------------------------------------------------------
 
 IntPair = int | Sequence[int]

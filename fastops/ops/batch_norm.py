@@ -9,14 +9,15 @@ import numbers
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_positive_float, check_tensor, uses_channels_last
+from fastops.ops._validate import (
+    check_floating,
+    check_positive_fits_compute_type,
+    check_tensor,
+    compute_dtype,
+    uses_channels_last,
+)
 
 _OP = "batch_norm"
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype of the statistics: float64 for float64 x, else float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _check_per_channel(op: str, arg: str, t: Tensor | None, x: Tensor) -> None:
@@ -27,7 +28,7 @@ def _check_per_channel(op: str, arg: str, t: Tensor | None, x: Tensor) -> None:
         raise RuntimeError(
             f"fastops.{op}: expected {arg} on the same device as x ({x.device}), got {t.device}"
         )
-    allowed = dict.fromkeys((x.dtype, _compute_dtype(x)))
+    allowed = dict.fromkeys((x.dtype, compute_dtype(x)))
     if t.dtype not in allowed:
         raise TypeError(
             f"fastops.{op}: expected {arg} to be {' or '.join(map(str, allowed))} (x is {x.dtype}), got {t.dtype}"
@@ -63,13 +64,7 @@ def _check_args(
         ("running_var", running_var),
     ):
         _check_per_channel(op, arg, t, x)
-    value = check_positive_float(op, "eps", eps)
-    compute = _compute_dtype(x)
-    info = torch.finfo(compute)
-    if value > info.max or value < info.smallest_normal * info.eps:
-        raise ValueError(
-            f"fastops.{op}: eps={value!r} does not fit {compute} (the type {op} computes in for {x.dtype} input)"
-        )
+    value = check_positive_fits_compute_type(op, "eps", eps, x)
     if training:
         if x.numel() != 0 and x.numel() // x.shape[1] <= 1:
             raise ValueError(
@@ -153,7 +148,7 @@ def _batch_norm_fake(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_args(_OP, x, weight, bias, running_mean, running_var, training, eps)
     layout = torch.channels_last if uses_channels_last(x) else torch.contiguous_format
-    channels, dtype = x.shape[1], _compute_dtype(x)
+    channels, dtype = x.shape[1], compute_dtype(x)
     return (
         torch.empty_like(x, memory_format=layout),
         x.new_empty((channels,), dtype=dtype),
@@ -179,7 +174,7 @@ def _batch_norm_backward_fake(
         lambda: f"fastops.{op}: expected grad_out to have the shape and dtype of x",
     )
     _check_per_channel(op, "weight", weight, x)
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     for arg, t in (("mean", mean), ("invstd", invstd)):
         torch._check(
             t.dtype == dtype and t.dim() == 1 and t.shape[0] == x.shape[1],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_positive_float, check_tensor
+from fastops.ops._validate import check_floating, check_positive_fits_compute_type, check_tensor
 
 
 def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> Tensor:
@@ -36,15 +36,7 @@ def _check_args(op: str, x: Tensor, eps: object) -> float:
     """The op's one validator (eager path and fake kernels): x's dtype, and an eps that stays a finite
     positive number in the type the kernels compute in (float32 for fp32/fp16/bf16, else float64)."""
     check_floating(op, "x", x)
-    value = check_positive_float(op, "eps", eps)
-    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-    info = torch.finfo(compute)
-    if value > info.max or value < info.smallest_normal * info.eps:
-        raise ValueError(
-            f"fastops.{op}: eps={value!r} does not fit {compute} (the type {op} computes in for {x.dtype} "
-            f"input): expected {info.smallest_normal * info.eps:.3g} <= eps <= {info.max:.3g}"
-        )
-    return value
+    return check_positive_fits_compute_type(op, "eps", eps, x)
 
 
 @torch.library.register_fake("fastops::clipped_log")

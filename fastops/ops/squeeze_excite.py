@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_tensor, uses_channels_last
+from fastops.ops._validate import check_floating, check_tensor, compute_dtype, uses_channels_last
 
 _OP = "squeeze_excite"
 ACTIVATIONS = ("relu", "silu", "gelu")
@@ -37,11 +37,6 @@ def check_gate(op: str, gate: object) -> str:
     return gate
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """The dtype of the per-channel tensors and the FCs: float64 for float64 x, else float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _check_activation(op: str, arg: str, t: Tensor) -> None:
     check_floating(op, arg, t)
     if t.dim() != 4:
@@ -53,9 +48,9 @@ def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> N
         raise RuntimeError(
             f"fastops.{op}: expected {arg} on the same device as {x_arg} ({x.device}), got {t.device}"
         )
-    if t.dtype != _compute_dtype(x):
+    if t.dtype != compute_dtype(x):
         raise TypeError(
-            f"fastops.{op}: expected {arg} to be {_compute_dtype(x)} (the compute dtype of {x_arg}'s "
+            f"fastops.{op}: expected {arg} to be {compute_dtype(x)} (the compute dtype of {x_arg}'s "
             f"{x.dtype}), got {t.dtype}"
         )
     torch._check(
@@ -160,7 +155,7 @@ def _empty_in_kernel_layout(t: Tensor) -> Tensor:
 @torch.library.register_fake("fastops::squeeze_excite_pool")
 def _pool_fake(x: Tensor) -> Tensor:
     _check_activation("squeeze_excite_pool", "x", x)
-    return x.new_empty((x.shape[0], x.shape[1]), dtype=_compute_dtype(x))
+    return x.new_empty((x.shape[0], x.shape[1]), dtype=compute_dtype(x))
 
 
 @torch.library.register_fake("fastops::squeeze_excite_scale")
@@ -184,7 +179,7 @@ def _backward_reduce_fake(grad_out: Tensor, x: Tensor) -> Tensor:
             f"fastops.{op}: expected grad_out to have the shape of x {list(x.shape)}, got {list(grad_out.shape)}"
         ),
     )
-    return x.new_empty((x.shape[0], x.shape[1]), dtype=_compute_dtype(x))
+    return x.new_empty((x.shape[0], x.shape[1]), dtype=compute_dtype(x))
 
 
 @torch.library.register_fake("fastops::squeeze_excite_backward_input")
@@ -221,7 +216,7 @@ def _forward_fake(
     gate: str,
 ) -> tuple[Tensor, ...]:
     _check_activation("squeeze_excite_forward", "x", x)
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     n, c, r = x.shape[0], x.shape[1], fc1_weight.shape[0]
     pooled, pre_gate, scale = (x.new_empty((n, c), dtype=dtype) for _ in range(3))
     hidden, activated = (x.new_empty((n, r), dtype=dtype) for _ in range(2))
@@ -244,7 +239,7 @@ def _block_backward_fake(
     input_grad: bool,
 ) -> tuple[Tensor, ...]:
     _check_activation("squeeze_excite_backward", "x", x)
-    dtype = _compute_dtype(x)
+    dtype = compute_dtype(x)
     grad_x = _empty_in_kernel_layout(grad_out) if input_grad else grad_out.new_empty((0,))
     return (
         grad_x,

@@ -78,13 +78,28 @@ inline void check_bn_forward(const char* op, const at::Tensor& x, const std::opt
   }
 }
 
-// The rows layout: channels_last 4-D input (the rule of checks.h), or nothing after the channels.
-inline bool bn_rows(const at::Tensor& x) {
-  if (use_channels_last(x)) return true;
+// Every check of the backward op.
+inline void check_bn_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& x,
+                              const std::optional<at::Tensor>& weight, const at::Tensor& mean,
+                              const at::Tensor& invstd) {
+  check_bn_input(op, "x", x);
+  check_same_device(op, "grad_out", grad_out, "x", x);
+  check_same_dtype(op, "grad_out", grad_out, "x", x);
+  check_same_shape(op, "grad_out", grad_out, "x", x);
+  check_bn_per_channel(op, "weight", weight, x);
+  check_bn_statistic(op, "mean", mean, x);
+  check_bn_statistic(op, "invstd", invstd, x);
+}
+
+// The elements per (n, c): the product of the dims after the channels.
+inline int64_t bn_plane_size(const at::Tensor& x) {
   int64_t L = 1;
   for (int64_t d = 2; d < x.dim(); ++d) L *= x.size(d);
-  return L == 1;
+  return L;
 }
+
+// The rows layout: channels_last 4-D input (the rule of checks.h), or nothing after the channels.
+inline bool bn_rows(const at::Tensor& x) { return use_channels_last(x) || bn_plane_size(x) == 1; }
 
 // t in the memory layout the kernels run in (a no-op when it already is).
 inline at::Tensor bn_layout(const at::Tensor& t, bool rows) {
@@ -92,9 +107,7 @@ inline at::Tensor bn_layout(const at::Tensor& t, bool rows) {
 }
 
 inline BatchNormShape bn_shape(const at::Tensor& x, bool rows) {
-  int64_t L = 1;
-  for (int64_t d = 2; d < x.dim(); ++d) L *= x.size(d);
-  return {x.size(0), x.size(1), L, rows};
+  return {x.size(0), x.size(1), bn_plane_size(x), rows};
 }
 
 }  // namespace fastops
