@@ -80,18 +80,21 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
 //     ~3e-7 after the fp32 roundings of the two Horner chains and the division (the general path's
 //     t = 1/(1 + a u) amplifies the rounding of t up to 3x near u = 0). kReduced (fp16/bf16
 //     outputs): degree (2, 3), 9.5e-6.
-//   exp(-u^2/2) = 2^(-n/M) * exp(-s/2), n = round(u^2 M / (2 ln2)), s = u^2 - n (2 ln2 / M) in
-//     [-ln2/M, ln2/M] (u^2 = hi + lo exactly, and n * c_hi exact inside the FMA, as in gauss), 2^(-j/M)
-//     for j = n mod M from an M-entry register table (one permute: M = 16 AVX-512, 8 AVX2) held as
-//     hi + lo so that exp(-s/2) = 1 + s p(s) enters as hi + (hi s p(s) + lo) with one final rounding,
-//     and 2^(-floor(n/M)) applied as an integer subtraction from the exponent (the result stays
-//     normal: exp(-49/2) > 1e-11). p is of degree 2 (M = 16, 4.4e-9) or 3 (M = 8, 6.2e-10); kReduced:
-//     degree 1, no lo parts (4.3e-7 / 3.5e-6).
+//   exp(-u^2/2) = 2^(-n/M) * exp(-s/2), n = round(u^2 M / (2 ln2)), s = u^2 - n c in [-ln2/M, ln2/M]
+//     with c = kExpStep, the fp32 value of 2 ln2 / M (u^2 = hi + lo exactly, as in gauss, and n c exact
+//     inside the FMA; c's own error, 2.7e-9 relative, moves s by at most 1.4e-7 at u = 7: <= 6.7e-8
+//     relative in the result, one FMA cheaper than carrying c's low part), 2^(-j/M) for j = n mod M
+//     from an M-entry register table (one permute: M = 16 AVX-512, 8 AVX2) held as hi + lo so that
+//     exp(-s/2) = 1 + s p(s) enters as hi + (hi s p(s) + lo) with one final rounding, and
+//     2^(-floor(n/M)) applied as an integer subtraction from the exponent (the result stays normal:
+//     exp(-49/2) > 1e-11). p is of degree 2 (M = 16: 4.4e-9; M = 8: 2.7e-8, where degree 3 cost an FMA
+//     for 6.2e-10); kReduced: degree 1, no lo parts (4.3e-7 / 3.5e-6).
 //   gelu(x) = max(x, 0) - (u q) exp(-u^2/2): one FMA for both signs (x < 0: x T(u); x >= 0: x - x T(u)),
 //     max(0, x) keeps gelu(-0.0) = -0.0.
-// 19 FMA-port instructions, one division and two permutes per vector (kFull), against 29 and a division
-// for the general path. Exhaustively over every fp32 x in [-20, 10]: at most 6.1 ulp from the float64
-// value (AVX-512; the general path: 7.6 over every 16th value).
+// 17 FMA-port instructions, one division and two permutes per vector (kFull), against 29 and a division
+// for the general path. Exhaustively over every fp32 x with |x| <= 7: at most 6.8 ulp from the float64
+// value (AVX2; AVX-512 6.6); the general path (the rest of [-20, 10]): 7.6 over every 16th value.
+// (benchmarks/results/gelu_cpu_avx2_fma_count.md)
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #define FASTOPS_GELU_BULK 1
 
@@ -111,7 +114,7 @@ alignas(64) constexpr float kExpLo[16] = {0.000000000e+00f,  4.922664054e-09f,  
                                           -1.237766334e-08f, 4.918108587e-09f,  4.035452417e-09f,  -2.250449427e-08f,
                                           1.210161749e-08f,  -5.061674635e-09f, -2.009499767e-08f, 2.248419051e-08f,
                                           1.898817636e-08f,  2.693111156e-08f,  -6.538769970e-09f, 2.416735079e-08f};
-constexpr float kExpStepHi = 8.664339781e-02f, kExpStepLo = -2.380817765e-10f, kExpInvStep = 1.154156017e+01f;
+constexpr float kExpStep = 8.664339781e-02f, kExpInvStep = 1.154156017e+01f;
 constexpr std::array<float, 3> kExpP = {-5.000001192e-01f, 1.250049025e-01f, -2.078015171e-02f};
 constexpr std::array<float, 2> kExpPReduced = {-5.000293255e-01f, 1.249999702e-01f};
 #else
@@ -120,8 +123,8 @@ alignas(32) constexpr float kExpHi[8] = {1.000000000e+00f, 9.170040488e-01f, 8.4
                                          7.071067691e-01f, 6.484197974e-01f, 5.946035385e-01f, 5.452538729e-01f};
 alignas(32) constexpr float kExpLo[8] = {0.000000000e+00f, -5.619638976e-09f, -1.237766334e-08f, 4.035452417e-09f,
                                          1.210161749e-08f, -2.009499767e-08f, 1.898817636e-08f,  -6.538769970e-09f};
-constexpr float kExpStepHi = 1.732867956e-01f, kExpStepLo = -4.761635530e-10f, kExpInvStep = 5.770780087e+00f;
-constexpr std::array<float, 4> kExpP = {-5.000000000e-01f, 1.250000894e-01f, -2.083597146e-02f, 2.592964564e-03f};
+constexpr float kExpStep = 1.732867956e-01f, kExpInvStep = 5.770780087e+00f;
+constexpr std::array<float, 3> kExpP = {-5.000000000e-01f, 1.250162423e-01f, -2.083037421e-02f};
 constexpr std::array<float, 2> kExpPReduced = {-5.000995994e-01f, 1.244387180e-01f};
 #endif
 // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
@@ -201,11 +204,10 @@ C10_ALWAYS_INLINE FVec bulk_gauss(const FVec& u) {
   const FVec hi = u * u;
   const FVec kf = at::vec::fmadd(hi, FVec(kExpInvStep), FVec(kRoundShift));
   const FVec n = kf - FVec(kRoundShift);
-  FVec s = fnmadd(n, FVec(kExpStepHi), hi);  // exact: |s| <= ln2/M and n * kExpStepHi is exact in the FMA
+  FVec s = fnmadd(n, FVec(kExpStep), hi);  // exact: |s| <= ln2/M and n * kExpStep is exact in the FMA
   const FVec th = lookup(kExpHi, kf);
   FVec e;
   if constexpr (kAcc == Accuracy::kFull) {
-    s = fnmadd(n, FVec(kExpStepLo), s);
     s = s + at::vec::fmsub(u, u, hi);
     e = at::vec::fmadd(th * s, horner(kExpP, s), lookup(kExpLo, kf)) + th;
   } else {
@@ -219,13 +221,17 @@ C10_ALWAYS_INLINE FVec bulk_gelu(const FVec& x, const FVec& u) {
   return fnmadd(u * bulk_q<kAcc>(u), bulk_gauss<kAcc>(u), max_zero(x));
 }
 
-// gelu'(x) = Phi(x) + x phi(x): x < 0: exp(-u^2/2) (q - u / sqrt(2 pi)); x >= 0: 1 minus that.
-// q - u / sqrt(2 pi) cancels near the root u = 0.75 (q's relative error is amplified without bound
-// there), so q is always the full-accuracy one; the Gaussian only scales the difference, and takes
-// kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
+// gelu'(x) = Phi(x) + x phi(x) = E k (x < 0) or 1 - E k (x >= 0), E = exp(-u^2/2) and
+// k = Q(u) - u / sqrt(2 pi) = (u0 - u) r(u): gelu_math.h's root-factored form, shared with the CUDA
+// fp16/bf16 backward. Q - u / sqrt(2 pi) written out cancels at the root u0 = 0.7518 (Q's error is
+// amplified without bound there, 7.9e-6 relative 0.01 away); u0 - u is exact near it, so the result
+// keeps its relative accuracy everywhere, and r, degree (3, 3), costs two FMAs fewer than Q. The
+// Gaussian only scales k and takes kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
 template <Accuracy kAcc>
 C10_ALWAYS_INLINE FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
-  const FVec z = bulk_gauss<kAcc>(u) * fnmadd(u, FVec(static_cast<float>(gm::kInvSqrt2Pi)), bulk_q<Accuracy::kFull>(u));
+  const FVec root_gap = (FVec(gm::kGradRoot[0]) - u) + FVec(gm::kGradRoot[1]);
+  const FVec k = root_gap * (horner(gm::kGradRatioN, u) / horner<gm::kGradRatioD.size(), true>(gm::kGradRatioD, u));
+  const FVec z = bulk_gauss<kAcc>(u) * k;
   return select_negative(x, z, FVec(1.0f) - z);
 }
 #endif

@@ -64,13 +64,13 @@ constexpr std::array<float, 4> kBulkD = {3.343130493e+01f, 4.784848022e+01f, 2.7
 constexpr std::array<float, 3> kBulkNReduced = {3.628929138e+00f, 1.885877252e+00f, 4.001633525e-01f};
 constexpr std::array<float, 3> kBulkDReduced = {7.257789612e+00f, 9.565021515e+00f, 4.789812565e+00f};
 
-// The erf form's derivative for fp16/bf16 outputs (the CUDA backward), in a form with no cancellation:
-// with u = |x|, E = exp(-u^2/2) and k(u) = T(u) / E - u / sqrt(2 pi) (T = 0.5 erfc(u / sqrt 2)),
-// gelu'(x) = 1 - E k for x >= 0 and E k for x < 0. k has its one root at u0 = 0.75179152469356425,
-// where gelu'(-u0) = 0 and the sum T - u phi cancels; so k = (u0 - u) r(u) with r smooth and positive
-// (0.438 to 0.665 on [0, kBulkLimit]), and u0 - u is exact near the root (u0 split hi + lo). r = N / D:
-// a rational fit on [0, kBulkLimit] (linear-programming minimax of the relative error against scipy's
-// erfcx in float64, then rounded to fp32), low to high, D monic: degree (3, 3), 3.0e-7.
+// The erf form's derivative (the CPU bulk backward, every dtype; the CUDA backward for fp16/bf16 outputs),
+// in a form with no cancellation: with u = |x|, E = exp(-u^2/2) and k(u) = T(u) / E - u / sqrt(2 pi)
+// (T = 0.5 erfc(u / sqrt 2)), gelu'(x) = 1 - E k for x >= 0 and E k for x < 0. k has its one root at u0 =
+// 0.75179152469356425, where gelu'(-u0) = 0 and the sum T - u phi cancels; so k = (u0 - u) r(u) with r smooth and
+// positive (0.438 to 0.665 on [0, kBulkLimit]), and u0 - u is exact near the root (u0 split hi + lo). r = N / D: a
+// rational fit on [0, kBulkLimit] (linear-programming minimax of the relative error against scipy's erfcx in float64,
+// then rounded to fp32), low to high, D monic: degree (3, 3), 3.0e-7.
 constexpr std::array<float, 2> kGradRoot = {7.517915368e-01f, -1.211444967e-08f};
 constexpr std::array<float, 4> kGradRatioN = {7.745461996e+00f, 7.061299755e+00f, 2.681662736e+00f, 3.988535736e-01f};
 constexpr std::array<float, 3> kGradRatioD = {1.164594354e+01f, 1.371068558e+01f, 5.964612110e+00f};
