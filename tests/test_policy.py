@@ -256,6 +256,10 @@ def test_registered_depthwise_regions() -> None:
     assert torch_runs("avx512", True, torch.float32, False, 56, 7, 1)
     assert not torch_runs("avx512", True, torch.float32, True, 7, 7, 1)
     assert torch_runs("avx512", True, torch.bfloat16, False, 112, 3, 1)
+    # Strided 3x3 fp32 on AVX-512 (swap_policy_cpu_dw_cl_s2_b*_zen5: 0.66-0.94x), both modes.
+    assert torch_runs("avx512", True, torch.float32, False, 112, 3, 2)
+    assert torch_runs("avx512", True, torch.float32, True, 56, 3, 2)
+    assert not torch_runs("avx512", True, torch.float32, True, 56, 3, 1)
     assert not torch_runs("avx512", True, torch.bfloat16, True, 28, 3, 2)  # strided bf16 training
     assert torch_runs("avx2", True, torch.float32, False, 56, 3, 1)
     assert not torch_runs("avx2", True, torch.float32, False, 14, 3, 1)
@@ -283,3 +287,44 @@ def test_registered_depthwise_regions() -> None:
     assert torch_runs("avx2", True, fp32, True, 16, 3, 1, 32)
     assert torch_runs("avx2", True, fp32, False, 8, 3, 1, 64)
     assert torch_runs("avx2", True, fp32, False, 4, 3, 1, 128)
+
+
+def test_registered_depthwise_separable_regions() -> None:
+    """The fused depthwise + 1x1 forward loses to eager's pair on AVX2 and at stride 2 on AVX-512
+    (depthwise_separable_conv2d_cpu*_zen5_threads1.md); the module runs the pair there."""
+
+    def torch_runs(isa: str, s: int) -> bool:
+        case = _conv_case(isa, True, torch.float32, False, 56, 3, s)
+        case = policy.Case(
+            "depthwise_separable_conv2d",
+            *[
+                getattr(case, f)
+                for f in ("device", "isa", "channels_last", "dtype", "shape", "backward", "params")
+            ],
+        )
+        return any(r.covers(case) for r in policy.regions("depthwise_separable_conv2d"))
+
+    assert torch_runs("avx2", 1) and torch_runs("avx2", 2)
+    assert torch_runs("avx512", 2)
+    assert not torch_runs("avx512", 1)
+
+
+def test_separable_module_runs_the_pair_in_a_region(auto: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fastops.nn.depthwise_separable_conv2d as mod
+
+    calls: list[int] = []
+    fused = mod.depthwise_separable_conv2d
+    monkeypatch.setattr(mod, "depthwise_separable_conv2d", lambda *a: calls.append(1) or fused(*a))
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=torch.channels_last)
+    for stride, isa, want_fused in ((1, "avx512", True), (2, "avx512", False), (1, "avx2", False)):
+        monkeypatch.setattr(policy, "cpu_isa", lambda isa=isa: isa)
+        policy._DECISIONS.clear()
+        m = fastops.nn.DepthwiseSeparableConv2d(16, 24, 3, stride=stride, padding=1).eval()
+        m.depthwise.backend = "torch"  # the pair, unfused, as the reference
+        with torch.no_grad():
+            want = m(x)
+            m.depthwise.backend = "auto"
+            before, counted = len(calls), policy.fallback_counts()["depthwise_separable_conv2d"]
+            torch.testing.assert_close(m(x), want)
+        assert (len(calls) > before) == want_fused, (stride, isa)
+        assert (policy.fallback_counts()["depthwise_separable_conv2d"] > counted) == (not want_fused)

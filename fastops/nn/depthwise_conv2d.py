@@ -322,6 +322,9 @@ _CL_BF16_TRAIN = "benchmarks/results/swap_policy_cpu_dw_cl_bf16_train_threads1.m
 _NCHW_BF16 = "benchmarks/results/swap_policy_cpu_dw_nchw_bf16_half_zen5_threads1.md"
 # NCHW fp32 after static_for_inlined (the channel-blocked rows' accumulators in registers; Zen 5 host).
 _NCHW_INLINED_AVX2 = "benchmarks/results/swap_policy_cpu_dw_nchw_inlined_avx2_zen5_threads1.md"
+# channels_last fp32 strided 3x3 layers on the Zen 5 host, batch 16 and 32 (2026-11-28).
+_CL_STRIDED = "benchmarks/results/swap_policy_cpu_dw_cl_s2_b16_zen5_threads1.md"
+_CL_STRIDED_B32 = "benchmarks/results/swap_policy_cpu_dw_cl_s2_b32_zen5_threads1.md"
 
 
 def _out_side(case: policy.Case) -> int:
@@ -410,6 +413,9 @@ for _region in [
     ("avx512", True, _fp32, False, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.70-0.97x; {_DIGITS_AVX512}: 0.64-0.71x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),
     ("avx512", True, _fp32, False, "kernels over 5x5, outputs to 56x56", f"{_CL_AVX512}: 0.72-0.80x", lambda c: _kernel(c) > 5 and _out_side(c) <= 56),
     ("avx512", True, _fp32, True, "3x3 kernels, outputs to 16x16", f"{_CL_AVX512}: 0.73-0.94x; {_DIGITS_AVX512}: 0.69-0.82x", lambda c: _kernel(c) <= 3 and _out_side(c) <= 16),
+    # Strided 3x3 channels_last fp32 at larger outputs: 1.01x on the host of _CL_AVX512, 0.66-0.94x on a Zen 5.
+    ("avx512", True, _fp32, False, "3x3 kernels, strided", f"{_CL_STRIDED}: 0.66x, 0.71x (outputs 56x56, 28x28); {_CL_STRIDED_B32}: 0.67x, 0.72x", lambda c: _kernel(c) <= 3 and _strided(c)),
+    ("avx512", True, _fp32, True, "3x3 kernels, strided", f"{_CL_STRIDED}: 0.88x, 0.94x (outputs 56x56, 28x28); {_CL_STRIDED_B32}: 0.94x, 0.91x", lambda c: _kernel(c) <= 3 and _strided(c)),
     ("avx512", True, _bf16, False, "every size", f"{_CL_AVX512}: 0.55-0.81x", lambda c: True),
     ("avx512", True, _bf16, True, "3x3 kernels, stride 1, outputs to 28x28, over 128 channels", f"{_CL_AVX512}: 0.57-0.91x; {_CL_BF16_TRAIN}: 192-960 channels 0.66-0.88x, the digits layers (32-128 channels) ours at 1.12-1.18x", lambda c: _kernel(c) <= 3 and not _strided(c) and _out_side(c) <= 28 and _channels(c) > 128),
     ("avx2", True, _fp32, False, "3x3 kernels, inputs from 28x28", f"{_CL_AVX2}: 0.66-0.98x", lambda c: _kernel(c) <= 3 and _in_side(c) >= 28),

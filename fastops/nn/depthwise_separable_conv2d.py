@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fastops import policy
 from fastops.nn._twin import accept_state_dict_keys
-from fastops.nn.depthwise_conv2d import DepthwiseConv2d
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d, _strided
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
 from fastops.swap import global_module_hooks
 
@@ -26,7 +27,8 @@ class DepthwiseSeparableConv2d(nn.Module):
 
     Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
     :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory, and the
-    forward beats the pair. When autograd records, the pair runs: the fused op's backward recomputes
+    forward beats the pair; except in :mod:`fastops.policy`'s slower regions of the fused op (every
+    input on AVX2 CPUs, strided ones on AVX-512), where the pair runs (``depthwise.backend`` decides). When autograd records, the pair runs: the fused op's backward recomputes
     the depthwise output, and forward+backward is no faster than the pair
     (benchmarks/results/depthwise_separable_conv2d_cpu*.md). Any other input (NCHW; CUDA, which has
     no fused kernel) runs the fastops depthwise kernel then the 1x1 through ATen (a GEMM on
@@ -54,7 +56,10 @@ class DepthwiseSeparableConv2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         dw, pw = self.depthwise, self.pointwise
-        if _fusable(x, dw, pw):
+        # The depthwise module's backend decides for the fused op too (a fallback here runs the pair).
+        if _fusable(x, dw, pw) and not policy.runs_torch(
+            dw, _OP, x, kernel_size=dw.kernel_size, stride=dw.stride, dilation=dw.dilation
+        ):
             return depthwise_separable_conv2d(
                 x, dw.weight, dw.bias, pw.weight, pw.bias, dw.stride, dw.padding, dw.dilation
             )
@@ -118,3 +123,36 @@ def _fusable(x: Tensor, dw: nn.Module, pw: nn.Module) -> bool:
         # Hooks registered for every module must see dw and pw run, as they would in the pair.
         and not global_module_hooks()
     )
+
+
+# Where the fused forward loses to eager's pair (oneDNN's depthwise conv and 1x1 GEMM), the module runs
+# the pair, whose depthwise conv then follows its own regions. 1 thread, batch 32, MobileNetV2 layers,
+# channels_last fp32, the Zen 5 host (2026-11-28).
+_OP = "depthwise_separable_conv2d"
+_EVIDENCE_AVX512 = "benchmarks/results/depthwise_separable_conv2d_cpu_zen5_threads1.md"
+_EVIDENCE_AVX2 = "benchmarks/results/depthwise_separable_conv2d_cpu_avx2_zen5_threads1.md"
+
+
+policy.register_slower_region(
+    policy.SlowerRegion(
+        _OP,
+        "cpu",
+        "avx2 channels_last inference, every input",
+        f"{_EVIDENCE_AVX2}: fused forward 0.48-0.99x eager",
+        isas=("avx2",),
+        channels_last=True,
+        backward=False,
+    )
+)
+policy.register_slower_region(
+    policy.SlowerRegion(
+        _OP,
+        "cpu",
+        "avx512 channels_last inference, strided depthwise",
+        f"{_EVIDENCE_AVX512}: fused forward 0.80-0.87x eager at stride 2 (1.08-1.60x at stride 1)",
+        _strided,
+        isas=("avx512",),
+        channels_last=True,
+        backward=False,
+    )
+)
