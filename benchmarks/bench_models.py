@@ -36,6 +36,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "efficientnet_b0": ("timm", "efficientnet_b0"),
     "convnext_atto": ("timm", "convnext_atto"),
     "tf_efficientnet_b0": ("timm", "tf_efficientnet_b0"),
+    "edgenext_xx_small": ("timm", "edgenext_xx_small"),
     "tv_mobilenet_v2": ("torchvision", "mobilenet_v2"),
     "tv_efficientnet_b0": ("torchvision", "efficientnet_b0"),
     "tv_convnext_tiny": ("torchvision", "convnext_tiny"),

@@ -1,8 +1,10 @@
-"""Regenerates the README's benchmark summary from benchmarks/results/*.csv (never typed by hand).
+"""Regenerates the README's benchmark table and the index of every result file (never typed by hand).
 
-One headline line per result file (op and device): the geometric-mean speedup of fastops over
-each other provider across every case measured, with its range, and the median share of the copy
-roofline, linking to the full table. The full tables stay in benchmarks/results/*.md.
+README.md gets one row per op, a cell per machine (the AVX-512 and AVX2 builds on a CPU, a GPU): the
+geometric-mean speedup of fastops over eager (stock for training steps, torch's fused AdamW for the
+optimizer) and over torch.compile where the file timed it, across the cases of one chosen result file
+(HEADLINES), linking to its full table. benchmarks/results/README.md gets one line per result file,
+every file there.
 
     python -m benchmarks.render_readme
 """
@@ -12,11 +14,104 @@ from __future__ import annotations
 import csv
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
+INDEX = RESULTS / "README.md"
 START, END = "<!-- bench-summary:start -->", "<!-- bench-summary:end -->"
+COLUMNS = ("CPU, AVX-512 build", "CPU, AVX2 build", "GPU")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One result file, optionally only some of its cases (the `case` column)."""
+
+    stem: str
+    cases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A row of the README table: one cell per COLUMNS entry (None: not measured there)."""
+
+    what: str
+    cells: tuple[Cell | None, Cell | None, Cell | None]
+    note: str = ""
+
+
+# The files that stand for each op today: the newest full run per machine. Change a cell when a newer
+# run replaces it; test_render_readme checks that every file named here exists.
+HEADLINES = (
+    Headline(
+        "clipped_log",
+        (
+            Cell("clipped_log_cpu_zen5_threads1"),
+            Cell("clipped_log_cpu_avx2_zen5_threads1"),
+            Cell("clipped_log_cuda_h200_quick"),
+        ),
+    ),
+    Headline(
+        "gelu, erf form",
+        (
+            Cell("gelu_cpu_zen5_threads1_compile", ("erf",)),
+            Cell("gelu_cpu_avx2_zen5_threads1_compile", ("erf",)),
+            Cell("gelu_cuda_h200_quick", ("erf",)),
+        ),
+        "on a GPU nn.GELU runs PyTorch's",
+    ),
+    Headline(
+        "bias_gelu, erf form",
+        (
+            Cell("gelu_cpu_zen5_threads1_compile", ("bias_gelu_erf",)),
+            Cell("gelu_cpu_avx2_zen5_threads1_compile", ("bias_gelu_erf",)),
+            Cell("gelu_cuda_h200_quick", ("bias_gelu_erf",)),
+        ),
+    ),
+    Headline(
+        "FusedAdamW step (vs torch's fused AdamW)",
+        (
+            Cell("fused_adam_cpu_zen5_threads1"),
+            Cell("fused_adam_cpu_avx2_float32_zen5_threads1"),
+            Cell("fused_adam_cuda_h200_quick"),
+        ),
+    ),
+    Headline(
+        "depthwise_conv2d",
+        (
+            Cell("depthwise_conv2d_cpu_zen5_threads1_head"),
+            Cell("depthwise_conv2d_cpu_avx2_zen5_threads1_head"),
+            Cell("depthwise_conv2d_cuda"),
+        ),
+        "on a GPU nn.DepthwiseConv2d runs cuDNN except for fp32 channels_last 7x7",
+    ),
+    Headline(
+        "depthwise + 1x1, fused (inference)",
+        (
+            Cell("depthwise_separable_conv2d_cpu_zen5_threads1"),
+            Cell("depthwise_separable_conv2d_cpu_avx2_zen5_threads1"),
+            None,
+        ),
+    ),
+    Headline(
+        "squeeze_excite",
+        (Cell("squeeze_excite_cpu_zen5_threads1"), Cell("squeeze_excite_cpu_avx2_zen5_threads1"), None),
+    ),
+    Headline(
+        "batch_norm",
+        (Cell("batch_norm_cpu_zen5_threads1"), Cell("batch_norm_cpu_avx2_zen5_threads1"), None),
+        "on a GPU nn.BatchNorm2d runs cuDNN's",
+    ),
+    Headline(
+        "training step, timm models (swapped + FusedAdamW vs stock)",
+        (
+            Cell("models_cpu_zen5_threads1_batchnorm"),
+            Cell("models_cpu_avx2_zen5_threads1_batchnorm"),
+            Cell("train_cuda_h200"),
+        ),
+    ),
+)
 
 
 def _geomean(values: list[float]) -> float:
@@ -57,12 +152,13 @@ def _pairs(ours_name: str, times: dict[str, float]) -> list[tuple[str, str]]:
     return pairs
 
 
-def headline(path: Path) -> str:
-    """One line for one result file: over every case measured, the geometric-mean speedup of ours
-    over each other provider (with its range) and the median share of the copy roofline."""
+def _speedups(
+    path: Path, cases: tuple[str, ...] = ()
+) -> tuple[dict[str, str], str, dict[tuple[str, str], list[float]], list[float], int]:
+    """The file's header, our provider's name, the speedups of each (ours, other) pair per case,
+    our roofline shares and the number of cases; only the rows of `cases` when given."""
     header, rows = _read(path)
-    if not rows:
-        return ""
+    rows = [r for r in rows if not cases or r["case"] in cases]
     # Our provider is "fastops"; a file comparing fastops paths with each other names ours "fused";
     # bench_swap_policy's subject is "auto", the swapped module as swap_modules leaves it.
     names = {r["provider"] for r in rows}
@@ -80,9 +176,25 @@ def headline(path: Path) -> str:
     for times in by_case.values():
         for ours, other in _pairs(ours_name, times):
             ratios.setdefault((ours, other), []).append(times[other] / times[ours])
+    return header, ours_name, ratios, roofline, len(by_case)
+
+
+def _ratio_text(values: list[float]) -> str:
+    return (
+        f"{_geomean(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
+        if len(values) > 1
+        else f"{values[0]:.2f}x"
+    )
+
+
+def headline(path: Path, link_dir: str = "benchmarks/results/") -> str:
+    """One line for one result file: over every case measured, the geometric-mean speedup of ours
+    over each other provider (with its range) and the median share of the copy roofline."""
+    header, ours_name, ratios, roofline, n_cases = _speedups(path)
+    if not n_cases:
+        return ""
     cells = [
-        ("" if ours == ours_name else f"{ours} over ")
-        + (f"{p} {_geomean(v):.2f}x ({min(v):.2f}-{max(v):.2f}x)" if len(v) > 1 else f"{p} {v[0]:.2f}x")
+        ("" if ours == ours_name else f"{ours} over ") + f"{p} {_ratio_text(v)}"
         for (ours, p), v in sorted(ratios.items(), key=lambda kv: (kv[0][0] != ours_name, kv[0]))
     ]
     roof = sorted(roofline)
@@ -91,27 +203,107 @@ def headline(path: Path) -> str:
     device = header.get("device", "?").split(",")[0]
     date = header.get("date", "?")[:10]
     return (
-        f"- **{path.stem}** ({device}, torch {header.get('torch', '?')}, {date}): {len(by_case)} cases; "
+        f"- **{path.stem}** ({device}, torch {header.get('torch', '?')}, {date}): {n_cases} cases; "
         f"speedup of {ours_name} over "
         + ", ".join(cells)
         + roof_text
-        + f" ([full table](benchmarks/results/{path.stem}.md))"
+        + f" ([full table]({link_dir}{path.stem}.md))"
     )
 
 
-def main() -> None:
-    # Repeat runs (<stem>_run2, ...) and rechecks of a few rows (<stem>_recheck...) stay in results/
-    # for the record; the README shows the full run.
-    files = [p for p in sorted(RESULTS.glob("*.csv")) if not re.search(r"_run\d+$|_recheck", p.stem)]
-    sections = [s for s in (headline(p) for p in files) if s]
-    text = README.read_text()
+# What a table cell is measured against, in order of preference, and the compiled baseline.
+_BASELINES = ("eager", "stock", "torch_fused")
+_COMPILED = "compile"
+
+
+def table_cell(cell: Cell | None) -> str:
+    """fastops' geomean speedup (range) over the cell's baseline, and over torch.compile if timed."""
+    if cell is None:
+        return "not measured yet"
+    _, ours_name, ratios, _, n_cases = _speedups(RESULTS / f"{cell.stem}.csv", cell.cases)
+    if not n_cases:
+        raise SystemExit(f"{cell.stem}: no rows for cases {cell.cases}")
+    baseline = next((b for b in _BASELINES if (ours_name, b) in ratios), None)
+    if baseline is None:
+        raise SystemExit(f"{cell.stem}: none of {_BASELINES} was timed")
+    text = f"[{_ratio_text(ratios[ours_name, baseline])}](benchmarks/results/{cell.stem}.md) vs {baseline}"
+    if (ours_name, _COMPILED) in ratios:
+        text += f"; {_geomean(ratios[ours_name, _COMPILED]):.2f}x vs compile"
+    return text
+
+
+def _machines(column: int) -> str:
+    """The machines, torch versions, threads and dates behind one column of the table."""
+    seen: dict[str, list[str]] = {}
+    for row in HEADLINES:
+        cell = row.cells[column]
+        if cell is None:
+            continue
+        header, _ = _read(RESULTS / f"{cell.stem}.csv")
+        parts = header.get("device", "?").split(", ")
+        threads = next((p.removeprefix("torch threads ") for p in parts if p.startswith("torch threads")), "")
+        machine = parts[0] + (f", {threads} thread{'s' if threads != '1' else ''}" if threads else "")
+        key = f"{machine}, torch {header.get('torch', '?')}"
+        seen.setdefault(key, []).append(header.get("date", "?")[:10])
+    return "; ".join(
+        f"{key} ({min(dates)} to {max(dates)})" if min(dates) != max(dates) else f"{key} ({dates[0]})"
+        for key, dates in seen.items()
+    )
+
+
+def table() -> str:
+    lines = [
+        "| op | " + " | ".join(COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for row in HEADLINES:
+        what = f"{row.what} ({row.note})" if row.note else row.what
+        lines.append(f"| {what} | " + " | ".join(table_cell(c) for c in row.cells) + " |")
+    lines.append("")
+    lines.append(
+        "Geometric mean of fastops' speedup over the cases of one result file (its range in brackets): "
+        "every direction, size, layout and dtype the file holds, each op called directly. The modules "
+        "avoid most cases below 1.0x: where the benchmarks show PyTorch's kernel faster for an input, "
+        "the module runs it (`fastops.policy`; `python -m fastops.info` lists these regions). Machines: "
+        + " ".join(f"{name}: {_machines(i)}." for i, name in enumerate(COLUMNS))
+        + " Every result file: [benchmarks/results/README.md](benchmarks/results/README.md)."
+    )
+    return "\n".join(lines)
+
+
+def _replace_between_markers(path: Path, body: str) -> None:
+    text = path.read_text()
     if START not in text or END not in text:
-        raise SystemExit(f"README.md lacks the {START} / {END} markers")
-    body = "\n".join(sections) if sections else "_no results yet_"
+        raise SystemExit(f"{path} lacks the {START} / {END} markers")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{body}\n{END}{tail}")
-    print(f"README.md: {len(sections)} result files summarized")
+    path.write_text(f"{head}{START}\n{body}\n{END}{tail}")
+
+
+def result_files() -> list[Path]:
+    # Repeat runs (<stem>_run2, ...) and rechecks of a few rows (<stem>_recheck...) stay in results/
+    # for the record; the index shows the full run.
+    return [p for p in sorted(RESULTS.glob("*.csv")) if not re.search(r"_run\d+$|_recheck", p.stem)]
+
+
+def main() -> None:
+    _replace_between_markers(README, table())
+    lines = [s for s in (headline(p, link_dir="") for p in result_files()) if s]
+    if not INDEX.exists():
+        INDEX.write_text(_INDEX_HEAD + f"{START}\n{END}\n")
+    _replace_between_markers(INDEX, "\n".join(lines) if lines else "_no results yet_")
+    print(f"README.md: {len(HEADLINES)} ops; benchmarks/results/README.md: {len(lines)} result files")
+
+
+_INDEX_HEAD = """# Benchmark results
+
+Every result file, one line each: the geometric-mean speedup of fastops over each other provider across
+the file's cases, its range, and the median share of the copy roofline. Each `.md` holds the full table
+and the machine, versions, git sha, date and command of its run; dated narratives (`*.md` without a
+`.csv`) record what a change predicted and what it measured. Generated by
+`python -m benchmarks.render_readme`; the README's table picks one file per op and machine.
+
+"""
 
 
 if __name__ == "__main__":
