@@ -26,10 +26,12 @@ COLUMNS = ("CPU, AVX-512 build", "CPU, AVX2 build", "GPU")
 
 @dataclass(frozen=True)
 class Cell:
-    """One result file, optionally only some of its cases (the `case` column)."""
+    """One result file, optionally only some of its cases and directions (its `case` and `direction`
+    columns)."""
 
     stem: str
     cases: tuple[str, ...] = ()
+    directions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,12 +89,13 @@ HEADLINES = (
         "on a GPU nn.DepthwiseConv2d runs cuDNN except for fp32 channels_last 7x7",
     ),
     Headline(
-        "depthwise + 1x1, fused (inference)",
+        "depthwise + 1x1, fused forward",
         (
-            Cell("depthwise_separable_conv2d_cpu_zen5_threads1"),
-            Cell("depthwise_separable_conv2d_cpu_avx2_zen5_threads1"),
+            Cell("depthwise_separable_conv2d_cpu_zen5_threads1", directions=("fwd",)),
+            Cell("depthwise_separable_conv2d_cpu_avx2_zen5_threads1", directions=("fwd",)),
             None,
         ),
+        "inference only; the module runs the pair at stride 2 and on AVX2",
     ),
     Headline(
         "squeeze_excite",
@@ -153,12 +156,16 @@ def _pairs(ours_name: str, times: dict[str, float]) -> list[tuple[str, str]]:
 
 
 def _speedups(
-    path: Path, cases: tuple[str, ...] = ()
+    path: Path, cases: tuple[str, ...] = (), directions: tuple[str, ...] = ()
 ) -> tuple[dict[str, str], str, dict[tuple[str, str], list[float]], list[float], int]:
     """The file's header, our provider's name, the speedups of each (ours, other) pair per case,
-    our roofline shares and the number of cases; only the rows of `cases` when given."""
+    our roofline shares and the number of cases; only the rows of `cases` and `directions` when given."""
     header, rows = _read(path)
-    rows = [r for r in rows if not cases or r["case"] in cases]
+    rows = [
+        r
+        for r in rows
+        if (not cases or r["case"] in cases) and (not directions or r["direction"] in directions)
+    ]
     # Our provider is "fastops"; a file comparing fastops paths with each other names ours "fused";
     # bench_swap_policy's subject is "auto", the swapped module as swap_modules leaves it.
     names = {r["provider"] for r in rows}
@@ -220,9 +227,9 @@ def table_cell(cell: Cell | None) -> str:
     """fastops' geomean speedup (range) over the cell's baseline, and over torch.compile if timed."""
     if cell is None:
         return "not measured yet"
-    _, ours_name, ratios, _, n_cases = _speedups(RESULTS / f"{cell.stem}.csv", cell.cases)
+    _, ours_name, ratios, _, n_cases = _speedups(RESULTS / f"{cell.stem}.csv", cell.cases, cell.directions)
     if not n_cases:
-        raise SystemExit(f"{cell.stem}: no rows for cases {cell.cases}")
+        raise SystemExit(f"{cell.stem}: no rows for cases {cell.cases} and directions {cell.directions}")
     baseline = next((b for b in _BASELINES if (ours_name, b) in ratios), None)
     if baseline is None:
         raise SystemExit(f"{cell.stem}: none of {_BASELINES} was timed")
