@@ -328,3 +328,34 @@ def test_separable_module_runs_the_pair_in_a_region(auto: None, monkeypatch: pyt
             torch.testing.assert_close(m(x), want)
         assert (len(calls) > before) == want_fused, (stride, isa)
         assert (policy.fallback_counts()["depthwise_separable_conv2d"] > counted) == (not want_fused)
+
+
+def test_registered_clipped_log_region() -> None:
+    """AVX2's small fp32 forward (clipped_log_cpu_avx2*_zen5_threads1.md: 0.84-0.89x eager)."""
+
+    def torch_runs(isa: str, numel: int, dtype: torch.dtype = torch.float32, training: bool = False) -> bool:
+        case = policy.Case("clipped_log", "cpu", isa, False, dtype, (numel,), training, {})
+        return any(r.covers(case) for r in policy.regions("clipped_log"))
+
+    assert torch_runs("avx2", 1 << 16) and torch_runs("avx2", 1 << 20)
+    assert not torch_runs("avx2", 1 << 24)
+    assert not torch_runs("avx2", 1 << 16, training=True)  # fwd+bwd: ours 2.4x and more
+    assert not torch_runs("avx2", 1 << 16, torch.bfloat16)
+    assert not torch_runs("avx512", 1 << 16)
+
+
+@pytest.mark.parametrize("straight_through", [True, False])
+def test_clipped_log_torch_path_matches_ours(straight_through: bool) -> None:
+    """The fallback (PyTorch's clamp and log) gives the values and gradients of our kernel, the
+    straight-through gradient grad / clamp(x, eps) included."""
+    x = torch.cat([torch.rand(300) * 4, torch.tensor([0.0, -1.0, 1e-9, float("nan"), float("inf")])])
+    outputs = {}
+    for backend in ("fastops", "torch"):
+        m = fastops.nn.ClippedLog(eps=1e-6, straight_through=straight_through)
+        m.backend = backend
+        xg = x.clone().requires_grad_(True)
+        y = m(xg)
+        (grad,) = torch.autograd.grad(y, xg, torch.linspace(-1, 1, x.numel()))
+        outputs[backend] = (y.detach(), grad)
+    for a, b in zip(outputs["fastops"], outputs["torch"], strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)
