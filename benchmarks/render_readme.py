@@ -109,8 +109,8 @@ HEADLINES = (
     Headline(
         "training step, timm models (swapped + FusedAdamW vs stock)",
         (
-            Cell("models_cpu_zen5_threads1_batchnorm"),
-            Cell("models_cpu_avx2_zen5_threads1_batchnorm"),
+            Cell("models_cpu_zen5_threads1_policy"),
+            Cell("models_cpu_avx2_zen5_threads1_policy"),
             Cell("train_cuda_h200"),
         ),
     ),
