@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -294,13 +295,8 @@ def test_registered_depthwise_separable_regions() -> None:
     (depthwise_separable_conv2d_cpu*_zen5_threads1.md); the module runs the pair there."""
 
     def torch_runs(isa: str, s: int) -> bool:
-        case = _conv_case(isa, True, torch.float32, False, 56, 3, s)
-        case = policy.Case(
-            "depthwise_separable_conv2d",
-            *[
-                getattr(case, f)
-                for f in ("device", "isa", "channels_last", "dtype", "shape", "backward", "params")
-            ],
+        case = dataclasses.replace(
+            _conv_case(isa, True, torch.float32, False, 56, 3, s), op="depthwise_separable_conv2d"
         )
         return any(r.covers(case) for r in policy.regions("depthwise_separable_conv2d"))
 

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from fastops import policy
 from fastops.ops._validate import check_positive_float
 from fastops.ops.clipped_log import clipped_log
+from fastops.reference.clipped_log import clipped_log as reference_clipped_log
 
 
 class ClippedLog(nn.Module):
@@ -27,28 +28,12 @@ class ClippedLog(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if policy.runs_torch(self, "clipped_log", x):
-            if self.straight_through:
-                return _TorchStraightThroughLog.apply(x, self.eps)
-            return torch.log(torch.clamp(x, min=self.eps))
+            # PyTorch's clamp and log, with the same (straight-through or not) gradient.
+            return reference_clipped_log(x, self.eps, self.straight_through)
         return clipped_log(x, self.eps, self.straight_through)
 
     def extra_repr(self) -> str:
         return f"eps={self.eps}, straight_through={self.straight_through}"
-
-
-class _TorchStraightThroughLog(torch.autograd.Function):
-    """PyTorch's clamp and log, with clipped_log's straight-through gradient grad / clamp(x, eps)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, eps: float) -> Tensor:  # type: ignore[override]
-        clamped = torch.clamp(x, min=eps)
-        ctx.save_for_backward(clamped)
-        return torch.log(clamped)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        (clamped,) = ctx.saved_tensors
-        return grad / clamped, None
 
 
 # A small fp32 forward on AVX2: ATen's clamp then log beat our one pass in cache, whose log (at::vec's,

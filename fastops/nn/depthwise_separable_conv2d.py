@@ -28,7 +28,8 @@ class DepthwiseSeparableConv2d(nn.Module):
     Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
     :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory, and the
     forward beats the pair; except in :mod:`fastops.policy`'s slower regions of the fused op (every
-    input on AVX2 CPUs, strided ones on AVX-512), where the pair runs (``depthwise.backend`` decides). When autograd records, the pair runs: the fused op's backward recomputes
+    input on AVX2 CPUs, strided ones on AVX-512), where the pair runs (``depthwise.backend`` decides).
+    When autograd records, the pair runs: the fused op's backward recomputes
     the depthwise output, and forward+backward is no faster than the pair
     (benchmarks/results/depthwise_separable_conv2d_cpu*.md). Any other input (NCHW; CUDA, which has
     no fused kernel) runs the fastops depthwise kernel then the 1x1 through ATen (a GEMM on
