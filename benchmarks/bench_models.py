@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -83,6 +84,11 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amp", nargs="+", choices=list(AMP_DTYPES), default=list(AMP_DTYPES))
     parser.add_argument("--batch-size", type=int, default=0, help="0: 16 on the CPU, 64 on CUDA")
     parser.add_argument("--image-size", type=int, default=0, help="0: 128 on the CPU, 224 on CUDA")
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="tune with the user's kernel-choice cache (default: an empty one, so the notes show the cold cost)",
+    )
 
 
 def shape(args: argparse.Namespace) -> tuple[int, int]:
@@ -90,8 +96,16 @@ def shape(args: argparse.Namespace) -> tuple[int, int]:
     return args.batch_size or batch, args.image_size or image
 
 
+# provider -> what fastops.tune measured for it, per model and dtype (the notes list them)
+TUNING: list[str] = []
+
+
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     batch, image = shape(args)
+    if not args.warm_cache:
+        # A cache of this run's own, empty: the first swapped model's tuning is the cold cost a new
+        # user pays once per machine; later ones (the compiled provider) read what it measured.
+        os.environ["FASTOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastops-bench-models-")
     modes = [False] if args.no_compile else [False, True]
     for name in args.models:
         library = MODELS[name][0]
@@ -113,6 +127,15 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
                         batch_size=batch,
                         image_size=image,
                         num_classes=NUM_CLASSES,
+                    )
+
+            for provider, step in steps.items():
+                table = getattr(step, "tuning", None)
+                if table is not None:
+                    chose_torch = sum(row.choice == "torch" for row in table.rows)
+                    TUNING.append(
+                        f"{name} {amp_mode} {provider}: {len(table.rows)} kernel choices, {table.measured} "
+                        f"timed in {table.seconds:.1f} s, the rest from the cache; PyTorch's kernel for {chose_torch}"
                     )
 
             def rates(times: list[float], batch: int = batch) -> dict[str, float | str]:
@@ -284,6 +307,10 @@ def notes_for(load: LoadRecorder) -> Callable[[argparse.Namespace, list[common.R
             + common.allocation_note(args)
             + "\n\n"
             + speedup_table(results)
+            + "\n\nKernel choices (fastops.tune before timing"
+            + (", warm cache" if args.warm_cache else ", from an empty cache")
+            + "):\n\n"
+            + "\n".join(f"- {line}" for line in TUNING)
             + "\n\nAll rows (the runner's table; its 'fastops speedup' column is relative to fastops eager):"
         )
 

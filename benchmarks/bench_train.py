@@ -26,6 +26,7 @@ from fastops.train.config import TrainConfig
 from fastops.train.loop import train_step
 from fastops.train.model import ConvNet
 from fastops.train.trainer import make_optimizer
+from fastops.tuner import TuneTable, tune
 
 CONFIGS = {
     "digits": dict(in_channels=1, image_size=16, batch_size=64, width=32),
@@ -87,13 +88,19 @@ def training_step(
         swap_modules(model)
     model = model.to(device, memory_format=memory_format).train()
     optimizer = make_optimizer(model, TrainConfig(fastops=fastops))
-    runner = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch_size, in_channels, image_size, image_size, generator=g)
     x = x.to(device).contiguous(memory_format=memory_format)
     y = torch.randint(0, num_classes, (batch_size,), generator=g).to(device)
     dev = torch.device(device)
     scaler = amp.make_scaler(amp_mode, dev)
+    tuning: TuneTable | None = None
+    if fastops:
+        # The kernel choices for this step, measured (or read from the cache) before any timing and
+        # before torch.compile traces the model, in the autocast context the step runs in.
+        with amp.autocast(amp_mode, dev):
+            tuning = tune(model, x, training=True)
+    runner = torch.compile(model) if compiled else model
 
     def step() -> None:
         train_step(
@@ -105,6 +112,7 @@ def training_step(
             grad_clip=1.0,
         )
 
+    step.tuning = tuning  # type: ignore[attr-defined]  (what fastops.tune measured, for the notes)
     return step
 
 

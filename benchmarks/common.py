@@ -475,6 +475,7 @@ def run_benchmark(
     finish: Callable[[list[Result]], list[Result]] | None = None,
     devices: Sequence[str] = ("cpu", "cuda"),
     check_pairs: Sequence[tuple[str, str]] = DEFAULT_CHECK_PAIRS,
+    check_minimum: float = 1.0,
     min_time: float = 1.0,
     quick_min_time: float = 0.3,
     warmup: int = 3,
@@ -493,8 +494,8 @@ def run_benchmark(
     markdown's text; summary(args, rows), when given, is printed at the end instead of the full
     table. A cases generator that yields nothing (a mode that prints instead, e.g. a profile) ends
     the run before the roofline is measured, and nothing is written. Under --check, the run then
-    lists every row group where a check_pairs (ours, baseline) pair has ours below 1.0x and exits
-    with status 1 if there is one. Returns the rows.
+    lists every row group where a check_pairs (ours, baseline) pair has ours below check_minimum x
+    and exits with status 1 if there is one. Returns the rows.
     """
     parser = base_parser(description, devices)
     if options is not None:
@@ -553,14 +554,14 @@ def run_benchmark(
     print(summary(args, results) if summary is not None else format_table(results, roofline))
     print(f"wrote {csv_path} and {md_path}")
     if args.check:
-        failures = check_speedups(results, check_pairs)
+        failures = check_speedups(results, check_pairs, check_minimum)
         pairs = ", ".join(f"{ours} vs {baseline}" for ours, baseline in check_pairs)
         if failures:
-            print(f"check FAILED ({pairs}): {len(failures)} row group(s) below 1.0x:")
+            print(f"check FAILED ({pairs}): {len(failures)} row group(s) below {check_minimum:.2f}x:")
             for failure in failures:
                 print(f"  {failure}")
             sys.exit(1)
-        print(f"check passed ({pairs}): no row group below 1.0x")
+        print(f"check passed ({pairs}): no row group below {check_minimum:.2f}x")
     return results
 
 

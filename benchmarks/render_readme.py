@@ -61,7 +61,7 @@ HEADLINES = (
             Cell("gelu_cpu_avx2_zen5_threads1_compile", ("erf",)),
             Cell("gelu_cuda_h200_quick", ("erf",)),
         ),
-        "on a GPU nn.GELU runs PyTorch's",
+        "on the H200 below eager: nn.GELU measures and keeps PyTorch's there",
     ),
     Headline(
         "bias_gelu, erf form",
@@ -86,7 +86,7 @@ HEADLINES = (
             Cell("depthwise_conv2d_cpu_avx2_zen5_threads1_head"),
             Cell("depthwise_conv2d_cuda"),
         ),
-        "on a GPU nn.DepthwiseConv2d runs cuDNN except for fp32 channels_last 7x7",
+        "on the H200 cuDNN is faster except fp32 channels_last 7x7",
     ),
     Headline(
         "depthwise + 1x1, fused forward",
@@ -95,7 +95,7 @@ HEADLINES = (
             Cell("depthwise_separable_conv2d_cpu_avx2_zen5_threads1", directions=("fwd",)),
             None,
         ),
-        "inference only; the module runs the pair at stride 2 and on AVX2",
+        "inference only; below 1.0x the module measures and runs the pair",
     ),
     Headline(
         "squeeze_excite",
@@ -104,7 +104,7 @@ HEADLINES = (
     Headline(
         "batch_norm",
         (Cell("batch_norm_cpu_zen5_threads1"), Cell("batch_norm_cpu_avx2_zen5_threads1"), None),
-        "on a GPU nn.BatchNorm2d runs cuDNN's",
+        "not yet run on a GPU",
     ),
     Headline(
         "training step, timm models (swapped + FusedAdamW vs stock)",
@@ -270,8 +270,8 @@ def table() -> str:
     lines.append(
         "Geometric mean of fastops' speedup over the cases of one result file (its range in brackets): "
         "every direction, size, layout and dtype the file holds, each op called directly. The modules "
-        "avoid most cases below 1.0x: where the benchmarks show PyTorch's kernel faster for an input, "
-        "the module runs it (`fastops.policy`; `python -m fastops.info` lists these regions). Machines: "
+        "avoid the cases below 1.0x: each measures our kernel against PyTorch's on the machine it runs on "
+        "and keeps the faster ([kernel choice](docs/kernel_choice.md)). Machines: "
         + " ".join(f"{name}: {_machines(i)}." for i, name in enumerate(COLUMNS))
         + " Every result file: [benchmarks/results/README.md](benchmarks/results/README.md)."
     )

@@ -9,14 +9,20 @@
 #define FASTOPS_STRINGIFY_(x) #x
 #define FASTOPS_STRINGIFY(x) FASTOPS_STRINGIFY_(x)
 
-// fastops._C is imported as a Python module by setup.py builds; it has no Python functions, since
-// every op is reached through torch.ops.fastops. The init function's name follows the extension's
-// name so the same source serves the setup.py build (_C) and the JIT build.
+namespace fastops {
+extern PyMethodDef python_methods[];  // csrc/tuner.cpp
+}  // namespace fastops
+
+// fastops._C is imported as a Python module (the setup.py build as fastops._C, the JIT build under
+// its own name); every op is reached through torch.ops.fastops, and its only Python function is the
+// tuner's call key (csrc/tuner.cpp). The init function's name follows the extension's name so the
+// same source serves both builds.
 #define FASTOPS_CONCAT_(a, b) a##b
 #define FASTOPS_CONCAT(a, b) FASTOPS_CONCAT_(a, b)
 extern "C" PyObject* FASTOPS_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, FASTOPS_STRINGIFY(TORCH_EXTENSION_NAME),
-                                   "fastops compiled kernels (reached through torch.ops.fastops)", -1, nullptr};
+                                   "fastops compiled kernels (reached through torch.ops.fastops)", -1,
+                                   fastops::python_methods};
   return PyModule_Create(&module_def);
 }
 

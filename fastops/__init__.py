@@ -9,14 +9,16 @@ Public API:
   squeeze_excite                  squeeze-excitation block: fused pool / scale passes, one-pass backward
   swap_modules                    swap GELUs, BatchNorm2d, depthwise convs, Linear->GELU and Mlp blocks (timm's too) for fastops modules
   register_swap_rule              teach swap_modules a rule of your own (SwapRule, PairRule)
+  tune                            measure each swapped module's kernel choice ahead of a run (fastops.tuner)
   fastops.train                   training loop (AMP, checkpointing, DDP) and the main job (`python -m fastops.train`)
   fastops.nn                      nn.Module wrappers of every op
   fastops.optim                   FusedAdam / FusedAdamW (drop-ins for torch.optim.Adam / AdamW)
   fastops.reference               plain-PyTorch definitions of every op
 """
 
-from fastops import _extension
+from fastops import _env, _extension
 
+_env.check()  # a bad FASTOPS_* value is an error now, before any work
 _extension.load()
 
 from fastops import nn, ops, optim, reference  # noqa: E402
@@ -27,6 +29,7 @@ from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  #
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 from fastops.ops.squeeze_excite import squeeze_excite  # noqa: E402
 from fastops.swap import PairRule, SwapRule, register_swap_rule, swap_modules  # noqa: E402
+from fastops.tuner import tune  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -45,6 +48,7 @@ __all__ = [
     "squeeze_excite",
     "register_swap_rule",
     "swap_modules",
+    "tune",
     "PairRule",
     "SwapRule",
 ]

@@ -17,6 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from fastops import _build
 
@@ -30,6 +31,7 @@ class LoadedExtension:
     cpu_capability: str
     with_cuda: bool
     details: dict[str, str] = field(default_factory=dict)
+    module: ModuleType | None = field(default=None, repr=False)  # the library as a Python module
 
 
 _loaded: LoadedExtension | None = None
@@ -89,7 +91,7 @@ def _jit_build() -> LoadedExtension:
             flush=True,
         )
     os.environ.setdefault("MAX_JOBS", str(_build.default_max_jobs()))
-    cpp_extension.load(
+    module = cpp_extension.load(
         name=name,
         sources=sources,
         extra_include_paths=_build.include_dirs(),
@@ -97,10 +99,10 @@ def _jit_build() -> LoadedExtension:
         extra_cuda_cflags=_build.nvcc_flags(),
         extra_ldflags=_build.ld_flags(),
         build_directory=str(build_dir),
-        is_python_module=False,
+        is_python_module=True,  # imports it, which also registers the ops
         verbose=os.environ.get("FASTOPS_VERBOSE_BUILD") == "1",
     )
-    return LoadedExtension("jit", str(library), capability, with_cuda)
+    return LoadedExtension("jit", str(library), capability, with_cuda, module=module)
 
 
 def _import_prebuilt() -> LoadedExtension | None:
@@ -118,6 +120,7 @@ def _import_prebuilt() -> LoadedExtension | None:
         str(module.__file__),
         config.get("cpu_capability", "unknown"),
         bool(config.get("with_cuda", False)),
+        module=module,
     )
 
 

@@ -54,17 +54,6 @@ def report() -> str:
             f"  CUDA kernels: compiled in, archs {arch_list or archs}, CUDA runtime "
             f"{runtime // 1000}.{runtime % 1000 // 10}"
         )
-        from fastops.nn.depthwise_conv2d import cuda_backend
-
-        backend = cuda_backend()
-        lines.append(
-            f"  nn.DepthwiseConv2d on CUDA: {backend}"
-            + {
-                "auto": " (fastops' kernel where measured faster, else a fallback to F.conv2d: see the "
-                "slower regions below; FASTOPS_CUDA_DEPTHWISE=fastops runs ours on every input)",
-                "cudnn": " (fallback to F.conv2d; FASTOPS_CUDA_DEPTHWISE=fastops runs fastops' kernel)",
-            }.get(backend, "")
-        )
     else:
         lines.append("  CUDA kernels: not compiled in")
     lines += [
@@ -81,17 +70,17 @@ def report() -> str:
     lines.append("ops (torch.ops.fastops.<name>: devices with a kernel):")
     for name, devices in _op_devices().items():
         lines.append(f"  {name:32s} {', '.join(devices) or 'none'}")
-    import fastops.nn  # noqa: F401  (the module files register their slower regions)
-    from fastops import policy
+    from fastops import policy, tuner
 
-    slower = policy.describe(ext.cpu_capability)
     override = os.environ.get(policy.BACKEND_ENV)
+    tuning = "on" if tuner.tuning_enabled() else f"off ({tuner.TUNE_ENV}=0)"
     lines.append(
-        "modules run PyTorch's kernel where it is measured faster (fastops.policy)"
+        "kernel choice: modules time fastops' kernel against PyTorch's per kind of input on this machine "
+        f"and keep the faster; tuning {tuning}"
         + (f"; {policy.BACKEND_ENV}={override} overrides it" if override else "")
-        + (":" if slower else ": no such region on this machine")
     )
-    lines += [f"  {line}" for line in slower]
+    choices = tuner.describe()
+    lines += [f"  {line}" for line in choices] or ["  no choice cached for this machine and build yet"]
     return "\n".join(lines)
 
 

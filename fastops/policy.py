@@ -1,107 +1,82 @@
-"""Never slower: where a fastops module runs PyTorch's kernel instead of ours.
+"""Never slower: which kernel a fastops module runs, its own or PyTorch's.
 
-A fastops module is there to make a model faster. Where this repository's benchmarks show PyTorch's
-own kernel faster than ours for a kind of input (device, the CPU vector ISA, memory layout, dtype,
-shape, and whether a backward follows), the module runs PyTorch's kernel for that input: a fallback,
-named as one, counted (:func:`fallback_counts`), and never reported as ours. Each such region is a
-:class:`SlowerRegion` with the measurement behind it (``evidence``); :func:`regions` lists them and
-``python -m fastops.info`` prints the ones that apply on this machine.
+A fastops module is there to make a model faster, and which kernel is faster depends on the machine
+(CPU model and vector ISA, GPU, thread count, library versions) and on the input (dtype, layout,
+shape, training or inference). So a module does not trust tables from other machines: the first
+time it sees a new kind of input, :mod:`fastops.tuner` times both kernels on this machine and keeps
+the faster, remembered in memory and in an on-disk cache (``~/.cache/fastops``). When PyTorch's
+kernel runs, that is a fallback, named as one, counted (:func:`fallback_counts`) and never reported
+as ours.
 
 Which kernel runs, most specific first:
 
-- ``module.backend``: ``"auto"`` (the default: ours, except in a measured slower region),
-  ``"fastops"`` (always ours) or ``"torch"`` (always PyTorch's);
+- ``module.backend``: ``"auto"`` (the default: the measured choice), ``"fastops"`` (always ours) or
+  ``"torch"`` (always PyTorch's);
 - the ``FASTOPS_BACKEND`` environment variable, the same three values, for every module whose
   ``backend`` is ``"auto"`` (``FASTOPS_BACKEND=fastops`` is how the tests and benchmarks time our
-  kernels alone).
+  kernels alone);
+- under ``"auto"``, the tuner's choice for this kind of input (see :mod:`fastops.tuner` for
+  ``FASTOPS_TUNE=0``, ``torch.compile``, CUDA graphs and several processes).
 
 The functional ops (``fastops.gelu``, ``fastops.depthwise_conv2d``, ...) always run our kernels: the
-policy is the modules', since a module is what :func:`fastops.swap_modules` puts into a model.
+choice is the modules', since a module is what :func:`fastops.swap_modules` puts into a model.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 BACKENDS = ("auto", "fastops", "torch")
 BACKEND_ENV = "FASTOPS_BACKEND"
+STATE_ATTR = "_fastops_tuning"  # a module's TuningState (fastops.tuner), in its __dict__
 
-
-@dataclass(frozen=True)
-class Case:
-    """One module call as the policy sees it."""
-
-    op: str
-    device: str  # x.device.type
-    isa: str | None  # the vector ISA of fastops' CPU kernels ("avx512", "avx2"); None off the CPU
-    channels_last: bool
-    dtype: torch.dtype
-    shape: tuple[int, ...]  # x's shape
-    backward: bool  # autograd will run a backward through this call (training)
-    params: dict[str, object] = field(default_factory=dict, compare=False)  # op-specific: kernel, stride
-
-
-@dataclass(frozen=True)
-class SlowerRegion:
-    """A kind of input on which the benchmarks show PyTorch's kernel faster than ours.
-
-    ``when`` decides on the shape and op parameters; the other fields narrow the region (an empty
-    tuple or None: any). ``evidence`` names the results file and the numbers measured there."""
-
-    op: str
-    device: str
-    what: str  # the region in words: "channels_last fp32, output maps up to 14x14, inference"
-    evidence: str
-    when: Callable[[Case], bool] = lambda case: True
-    isas: tuple[str, ...] = ()
-    channels_last: bool | None = None
-    dtypes: tuple[torch.dtype, ...] = ()
-    backward: bool | None = None  # True: training calls only; False: inference calls only
-
-    def covers(self, case: Case) -> bool:
-        return (
-            case.op == self.op
-            and case.device == self.device
-            and (not self.isas or case.isa in self.isas)
-            and (self.channels_last is None or case.channels_last == self.channels_last)
-            and (not self.dtypes or case.dtype in self.dtypes)
-            and (self.backward is None or case.backward == self.backward)
-            and self.when(case)
-        )
-
-
-_REGIONS: list[SlowerRegion] = []
 _FALLBACKS: Counter[str] = Counter()
-# runs_torch's decisions by all a region can see of a call (and which region list, in which
-# length), so that a module called again on the same kind of input, as every training step does,
-# pays one dict lookup instead of building a Case and testing every region: that walk cost ~20 us
-# per call, 5-8% of a small depthwise layer.
-_DECISIONS: dict[tuple[object, ...], bool] = {}
 
 
-def register_slower_region(region: SlowerRegion) -> None:
-    """Add a region where modules of ``region.op`` run PyTorch's kernel under ``backend="auto"``."""
-    if not isinstance(region, SlowerRegion):
-        raise TypeError(
-            f"fastops.policy.register_slower_region: expected a SlowerRegion, got {type(region).__name__}"
-        )
-    _REGIONS.append(region)
+class TunedModule(nn.Module):
+    """A fastops module that can run its fastops kernel or PyTorch's for the same computation.
 
+    A subclass implements ``_fastops_forward(x)`` and ``_torch_forward(x)`` (the same result, as far
+    as the op's tolerance goes) and names its op; :meth:`forward` runs the one :func:`runs_torch`
+    picks. ``fastops_details()`` are the op parameters that can change which kernel is faster
+    (kernel size, stride, GELU form); they are fixed when the module is built."""
 
-def regions(op: str | None = None) -> list[SlowerRegion]:
-    """The registered slower regions (of ``op``, or all)."""
-    return [r for r in _REGIONS if op is None or r.op == op]
+    backend: str = "auto"
+    policy_ops: tuple[str, ...] = ()  # the ops whose kernel choices this module follows
+
+    def fastops_op(self) -> str:
+        return self.policy_ops[0]
+
+    def fastops_details(self) -> str:
+        return ""
+
+    def fastops_deterministic(self, device_type: str) -> bool:
+        """Whether our kernels for this module are deterministic on ``device_type`` (all are today:
+        fixed-order reductions, no atomics); under ``torch.use_deterministic_algorithms(True)`` a
+        non-deterministic kernel is not a candidate."""
+        return True
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        if runs_torch(self, x):
+            return self._torch_forward(x)
+        return self._fastops_forward(x)
 
 
 def fallback_counts() -> Counter[str]:
-    """How many module calls ran PyTorch's kernel because of a slower region, by op (eager calls;
-    calls inside a torch.compile'd graph are decided when it is traced and not counted)."""
+    """How many module calls ran PyTorch's kernel under ``backend="auto"`` because it was measured
+    faster (or no choice could be measured), by op. Eager calls; calls inside a torch.compile'd graph
+    are decided when it is traced and not counted."""
     return Counter(_FALLBACKS)
 
 
@@ -132,7 +107,7 @@ _ENV_KEY = os.fsencode(BACKEND_ENV)
 
 def _env_backend() -> str | None:
     """FASTOPS_BACKEND, read on every module call. os.environ.get raises and catches a KeyError when
-    the variable is unset (~2 us, more than the rest of the policy); on POSIX os.environ keeps its
+    the variable is unset (~2 us, more than the rest of the decision); on POSIX os.environ keeps its
     bytes mapping in step with every os.environ / monkeypatch change, and a dict lookup is ~50 ns."""
     data = getattr(os.environ, "_data", None)
     if os.name == "posix" and isinstance(data, dict):
@@ -141,62 +116,72 @@ def _env_backend() -> str | None:
     return os.environ.get(BACKEND_ENV)
 
 
-def _channels_last(x: Tensor) -> bool:
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+def _compiled() -> Any:
+    from fastops import _extension
+
+    module = _extension.load().module
+    assert module is not None, "fastops._C was loaded without its Python module"
+    return module
 
 
-def runs_torch(module: nn.Module, op: str, x: Tensor, **details: object) -> bool:
-    """Whether ``module`` (a fastops module of op ``op``) runs PyTorch's kernel for input ``x``:
-    its ``backend``, else FASTOPS_BACKEND, else under ``"auto"`` whether a slower region covers the
-    call. A backward follows when x or one of the module's parameters needs a gradient; ``details``
-    are what the op's regions decide on besides x (kernel size, stride, ...)."""
-    backend = str(module.backend)
+def _call_signature(x: object, params: tuple[Tensor, ...] | None) -> int | None:
+    """The 64-bit key of a call (csrc/tuner.cpp); bound to the compiled function on first use."""
+    globals()["_call_signature"] = _compiled().call_signature
+    return _compiled().call_signature(x, params)
+
+
+def _cached_choice(module: nn.Module, x: object, counts: Counter[str]) -> bool | None:
+    """The module's remembered choice for x, or None (csrc/tuner.cpp); bound on first use."""
+    globals()["_cached_choice"] = _compiled().cached_choice
+    return _compiled().cached_choice(module, x, counts)
+
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def runs_torch(module: TunedModule, x: Tensor) -> bool:
+    """Whether ``module`` runs PyTorch's kernel for input ``x``: its ``backend``, else
+    FASTOPS_BACKEND, else under ``"auto"`` the tuner's measured choice for this kind of input.
+
+    The common case, a module called again on a kind of input it has seen (every training step), is
+    one call into csrc/tuner.cpp: a hash of the call and a lookup in the module's own memo."""
+    if not _is_compiling():
+        choice = _cached_choice(module, x, _FALLBACKS)
+        if choice is not None:
+            return choice
+    return _decide(module, x)
+
+
+def _decide(module: TunedModule, x: Tensor) -> bool:
+    backend = module.backend
     if backend == "auto":
-        backend = _env_backend() or "auto"
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"fastops.nn.{type(module).__name__}: {BACKEND_ENV}={backend!r}; expected one of {list(BACKENDS)}"
-            )
+        env = _env_backend()
+        if env is not None and env != "auto":
+            if env not in BACKENDS:
+                raise ValueError(
+                    f"fastops.nn.{type(module).__name__}: {BACKEND_ENV}={env!r}; expected one of {list(BACKENDS)}"
+                )
+            return env == "torch"
     elif backend not in BACKENDS:
         check_backend(f"nn.{type(module).__name__}", backend)
-    if backend != "auto":
+    else:
         return backend == "torch"
-    if not isinstance(x, Tensor):
-        return False
-    if not _REGIONS:
-        return False
-    # x.device builds a new object per access (a microsecond): only off the CPU.
-    device = "cpu" if x.is_cpu else x.device.type
-    backward = torch.is_grad_enabled() and (
-        x.requires_grad or any(p.requires_grad for p in module.parameters())
+    from fastops import tuner
+
+    if not _is_compiling():
+        if not isinstance(x, Tensor):
+            raise TypeError(
+                f"fastops.nn.{type(module).__name__}: expected x to be a Tensor, got {type(x).__name__}"
+            )
+        return tuner.decide(module, x)
+    # Decided once, when the graph is traced, from what eager calls or fastops.tune measured: the
+    # graph holds the chosen kernel and no tuner code (see tuner.compiled_choice).
+    return tuner.compiled_choice(
+        id(module),
+        module.fastops_op(),
+        module.fastops_details(),
+        x.device.type,
+        x.dtype,
+        torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())),
+        x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
     )
-    compiling = torch.compiler.is_compiling()  # a traced graph is decided once, when traced: no cache
-    cacheable = not compiling
-    # The strides stand for the layout in the key (cheaper than testing it).
-    key = (id(_REGIONS), len(_REGIONS), op, device, x.dtype, x.shape, x.stride(), backward, *details.items())
-    try:
-        torch_runs = _DECISIONS.get(key) if cacheable else None
-    except TypeError:  # a detail that cannot be hashed: decide every call (and still count it)
-        cacheable, torch_runs = False, None
-    if torch_runs is None:
-        isa = cpu_isa() if device == "cpu" else None
-        case = Case(op, device, isa, _channels_last(x), x.dtype, tuple(x.shape), backward, details)
-        torch_runs = any(r.covers(case) for r in _REGIONS if r.op == op and r.device == device)
-        if cacheable:
-            if len(_DECISIONS) >= 4096:
-                _DECISIONS.clear()
-            _DECISIONS[key] = torch_runs
-    if torch_runs and not compiling:
-        _FALLBACKS[op] += 1
-    return torch_runs
-
-
-def describe(isa: str | None = None, op: str | None = None) -> list[str]:
-    """One line per slower region (of ``op``, or all) that applies to this machine's CPU ISA (or
-    ``isa``), and every CUDA region."""
-    isa = isa or cpu_isa()
-    return [
-        f"{r.op} on {r.device}, {r.what}: {r.evidence}"
-        for r in regions(op)
-        if r.device != "cpu" or not r.isas or isa in r.isas
-    ]

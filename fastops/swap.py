@@ -227,22 +227,29 @@ class SwapReport:
             setattr(r.parent, r.attr, r.old)
         self.undone = True
 
-    def torch_fallbacks(self) -> list[str]:
-        """The measured slower regions (:mod:`fastops.policy`) of the replaced modules' ops on this
-        machine: inputs for which those modules run PyTorch's kernel, since it is faster there."""
-        from fastops import policy
+    def kernel_choices(self) -> list[str]:
+        """The kernel choices cached on this machine (:mod:`fastops.tuner`) for the replaced modules'
+        ops, in words: per op how many kinds of input run ours and how many PyTorch's, and which."""
+        from fastops import tuner
 
         ops = {op for r in self.replaced for m in r.new.modules() for op in getattr(m, "policy_ops", ())}
-        return [line for op in sorted(ops) for line in policy.describe(op=op)] if ops else []
+        return tuner.describe(sorted(ops)) if ops else []
 
     def __str__(self) -> str:
         lines = [f"swap_modules: {len(self.replaced)} module(s) replaced"]
         lines += [f"  {r.name}: {r.old_type} -> {r.new_type}" for r in self.replaced]
         lines += [f"  skipped {s.name} ({s.type}): {s.reason}" for s in self.skipped]
-        fallbacks = self.torch_fallbacks()
-        if fallbacks:
-            lines.append("  these run PyTorch's kernel where it is measured faster (fastops.policy):")
-            lines += [f"    {line}" for line in fallbacks]
+        if self.replaced:
+            lines.append(
+                "  kernel choice: a module times fastops' kernel against PyTorch's the first time it sees a "
+                "kind of input on this machine and keeps the faster (fastops.tune(model, example_inputs) "
+                "measures ahead of a run)"
+            )
+            choices = self.kernel_choices()
+            lines.append(
+                "  choices cached on this machine:" if choices else "  no choice cached on this machine yet"
+            )
+            lines += [f"    {line}" for line in choices]
         return "\n".join(lines)
 
 

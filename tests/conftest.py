@@ -1,5 +1,5 @@
-"""Test-wide setup: deterministic seeds, true fp32 in cuDNN/cuBLAS, our CUDA depthwise kernel in module
-tests, and the `large` and `slow` markers."""
+"""Test-wide setup: deterministic seeds, true fp32 in cuDNN/cuBLAS, our kernels in module tests, a
+kernel-choice cache of the run's own, and the `large` and `slow` markers."""
 
 from __future__ import annotations
 
@@ -27,17 +27,19 @@ def _no_tf32() -> Iterator[None]:
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-@pytest.fixture(autouse=True)
-def _cuda_depthwise_runs_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    # fastops.nn.DepthwiseConv2d runs cuDNN on most CUDA inputs by default; the tests are about our
-    # kernels, so every module test runs them (tests of the default itself unset this).
-    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "fastops")
+@pytest.fixture(autouse=True, scope="session")
+def _kernel_choice_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    # Measured kernel choices go to a cache of the test run's own (subprocesses inherit it), never
+    # to the user's ~/.cache/fastops.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FASTOPS_CACHE_DIR", str(tmp_path_factory.mktemp("fastops-cache")))
+        yield
 
 
 @pytest.fixture(autouse=True)
 def _modules_run_ours(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Under fastops.policy a module may run torch's kernel where ours is measured slower; the tests
-    # are about our kernels, so every module runs them (tests of the policy itself unset this).
+    # Under backend "auto" a module may run torch's kernel where ours is measured slower; the tests
+    # are about our kernels, so every module runs them (tests of the kernel choice unset this).
     monkeypatch.setenv("FASTOPS_BACKEND", "fastops")
 
 

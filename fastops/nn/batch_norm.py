@@ -4,8 +4,6 @@ rules for ``nn.BatchNorm2d`` and for timm's ``BatchNormAct2d`` (batch norm, then
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -24,7 +22,7 @@ from fastops.swap import (
 _STATE = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
-class BatchNorm2d(nn.BatchNorm2d):
+class BatchNorm2d(policy.TunedModule, nn.BatchNorm2d):
     """Drop-in for ``torch.nn.BatchNorm2d`` on fastops kernels: a subclass with the same
     constructor, parameters, buffers, state_dict, running-statistics bookkeeping (``momentum``,
     ``momentum=None`` for a cumulative average, ``track_running_stats``, ``num_batches_tracked``)
@@ -32,7 +30,6 @@ class BatchNorm2d(nn.BatchNorm2d):
     ``nn.BatchNorm2d``, it is converted by ``nn.SyncBatchNorm.convert_sync_batchnorm`` like one.
     ``backend``: see :mod:`fastops.policy`."""
 
-    backend: str = "auto"
     policy_ops = ("batch_norm",)
 
     @classmethod
@@ -48,10 +45,22 @@ class BatchNorm2d(nn.BatchNorm2d):
         new.train(m.training)
         return new
 
+    def fastops_details(self) -> str:
+        return f"affine={self.affine}, track_running_stats={self.track_running_stats}, {'train' if self.training else 'eval'} mode"
+
+    def train(self, mode: bool = True) -> BatchNorm2d:
+        if mode != self.training:  # train and eval mode compute differently: choose again
+            self.__dict__.pop(policy.STATE_ATTR, None)
+        return super().train(mode)
+
     def forward(self, x: Tensor) -> Tensor:
         self._check_input_dim(x)
-        if policy.runs_torch(self, "batch_norm", x):
-            return super().forward(x)
+        return super().forward(x)  # TunedModule's: ours or nn.BatchNorm2d's
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return nn.BatchNorm2d.forward(self, x)
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         # nn.BatchNorm2d's own bookkeeping, step for step.
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -161,44 +170,5 @@ register_swap_rule(
         matches=lambda m: isinstance(m, nn.BatchNorm2d) and not isinstance(m, BatchNorm2d),
         replace=BatchNorm2d.from_torch,
         skip_reason=_skip_reason,
-    )
-)
-
-# Never slower on CUDA until measured: no GPU run has timed this kernel against cuDNN's yet, so
-# modules keep cuDNN's there. The CPU numbers are in the file below; the region goes once a GPU
-# run shows ours at or above eager.
-_CPU_RESULTS = "benchmarks/results/batch_norm_cpu_zen5_threads1.md"
-policy.register_slower_region(
-    policy.SlowerRegion(
-        "batch_norm",
-        "cuda",
-        "every dtype and layout, until a GPU run measures it",
-        f"not yet measured on a GPU (CPU only: {_CPU_RESULTS}); cuDNN's batch norm runs meanwhile",
-    )
-)
-
-# Where aten's CPU batch norm is at least as fast (bench_batch_norm, 1 thread, thread time, training
-# mode). fp16 was not measured apart: it runs the code of bf16 and is held with it.
-_CPU_AVX2 = "benchmarks/results/batch_norm_cpu_avx2_zen5_threads1.md"
-policy.register_slower_region(
-    policy.SlowerRegion(
-        "batch_norm",
-        "cpu",
-        "fp16/bf16 on AVX2 (no fast fp32 -> bf16 narrowing; aten's own bf16 kernels are close to ours)",
-        f"{_CPU_AVX2}: bf16 fwd 0.45-1.26x, fwd+bwd 0.70-1.36x eager (7x7 planes 0.45x / 0.70x)",
-        isas=("avx2",),
-        dtypes=(torch.float16, torch.bfloat16),
-    )
-)
-policy.register_slower_region(
-    policy.SlowerRegion(
-        "batch_norm",
-        "cpu",
-        "NCHW fp16/bf16 with maps of at most 16 elements (4x4): one vector a plane",
-        f"{_CPU_RESULTS}: 64x128x4x4 bf16 fwd 0.81x, fwd+bwd 0.88x eager (larger maps 1.01-2.22x)",
-        lambda case: len(case.shape) > 2 and math.prod(case.shape[2:]) <= 16,
-        isas=("avx512",),
-        channels_last=False,
-        dtypes=(torch.float16, torch.bfloat16),
     )
 )

@@ -10,31 +10,33 @@ from torch import Tensor, nn
 
 from fastops import policy
 from fastops.nn._twin import accept_state_dict_keys
-from fastops.nn.depthwise_conv2d import DepthwiseConv2d, _strided
+from fastops.nn.depthwise_conv2d import DepthwiseConv2d
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
+from fastops.policy import runs_torch
 from fastops.swap import global_module_hooks
 
 # nn.Sequential(depthwise, pointwise) saves "0.*" / "1.*": map them onto our submodule names.
 _SEQUENTIAL_KEYS = {"0.": "depthwise.", "1.": "pointwise."}
 
 
-class DepthwiseSeparableConv2d(nn.Module):
+class DepthwiseSeparableConv2d(policy.TunedModule):
     """``depthwise`` (fastops DepthwiseConv2d, k x k, groups=C) then ``pointwise`` (nn.Conv2d 1x1).
 
     State-dict keys are ``depthwise.weight``, ``depthwise.bias``, ``pointwise.weight`` and
     ``pointwise.bias`` with nn.Conv2d shapes; a state dict of ``nn.Sequential(depthwise_conv, conv1x1)``
     (keys ``0.*`` / ``1.*``) loads as well.
 
-    Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) runs the fused
-    :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory, and the
-    forward beats the pair; except in :mod:`fastops.policy`'s slower regions of the fused op (every
-    input on AVX2 CPUs, strided ones on AVX-512), where the pair runs (``depthwise.backend`` decides).
-    When autograd records, the pair runs: the fused op's backward recomputes
-    the depthwise output, and forward+backward is no faster than the pair
-    (benchmarks/results/depthwise_separable_conv2d_cpu*.md). Any other input (NCHW; CUDA, which has
-    no fused kernel) runs the fastops depthwise kernel then the 1x1 through ATen (a GEMM on
-    channels_last data): feed channels_last input for the fast path.
+    Channels_last CPU input with no gradient to record (inference, ``torch.no_grad()``) can run the
+    fused :func:`fastops.depthwise_separable_conv2d`: the depthwise output never goes to memory. Whether
+    it does is this module's ``backend`` (:mod:`fastops.policy`): under ``"auto"`` the fused kernel
+    runs where it is measured faster than the pair on this machine. When autograd records, the pair
+    runs: the fused op's backward recomputes the depthwise output, and forward+backward is no faster
+    than the pair. Any other input (NCHW; CUDA, which has no fused kernel) runs the pair: the
+    depthwise module (with its own kernel choice), then the 1x1 through ATen (a GEMM on channels_last
+    data): feed channels_last input for the fast path.
     """
+
+    policy_ops = ("depthwise_separable_conv2d",)
 
     def __init__(
         self,
@@ -55,16 +57,22 @@ class DepthwiseSeparableConv2d(nn.Module):
         self.pointwise = nn.Conv2d(in_channels, out_channels, 1, bias=bias, device=device, dtype=dtype)
         accept_state_dict_keys(self, _SEQUENTIAL_KEYS)
 
+    def fastops_details(self) -> str:
+        return f"{self.depthwise.fastops_details()}, 1x1 to {self.pointwise.out_channels} channels"
+
     def forward(self, x: Tensor) -> Tensor:
+        if _fusable(x, self.depthwise, self.pointwise) and not runs_torch(self, x):
+            return self._fastops_forward(x)
+        return self._torch_forward(x)
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         dw, pw = self.depthwise, self.pointwise
-        # The depthwise module's backend decides for the fused op too (a fallback here runs the pair).
-        if _fusable(x, dw, pw) and not policy.runs_torch(
-            dw, _OP, x, kernel_size=dw.kernel_size, stride=dw.stride, dilation=dw.dilation
-        ):
-            return depthwise_separable_conv2d(
-                x, dw.weight, dw.bias, pw.weight, pw.bias, dw.stride, dw.padding, dw.dilation
-            )
-        return pw(dw(x))
+        return depthwise_separable_conv2d(
+            x, dw.weight, dw.bias, pw.weight, pw.bias, dw.stride, dw.padding, dw.dilation
+        )
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return self.pointwise(self.depthwise(x))
 
     @classmethod
     def from_torch(cls, module: nn.Module) -> DepthwiseSeparableConv2d:
@@ -124,36 +132,3 @@ def _fusable(x: Tensor, dw: nn.Module, pw: nn.Module) -> bool:
         # Hooks registered for every module must see dw and pw run, as they would in the pair.
         and not global_module_hooks()
     )
-
-
-# Where the fused forward loses to eager's pair (oneDNN's depthwise conv and 1x1 GEMM), the module runs
-# the pair, whose depthwise conv then follows its own regions. 1 thread, batch 32, MobileNetV2 layers,
-# channels_last fp32, the Zen 5 host (2026-11-28).
-_OP = "depthwise_separable_conv2d"
-_EVIDENCE_AVX512 = "benchmarks/results/depthwise_separable_conv2d_cpu_zen5_threads1.md"
-_EVIDENCE_AVX2 = "benchmarks/results/depthwise_separable_conv2d_cpu_avx2_zen5_threads1.md"
-
-
-policy.register_slower_region(
-    policy.SlowerRegion(
-        _OP,
-        "cpu",
-        "avx2 channels_last inference, every input",
-        f"{_EVIDENCE_AVX2}: fused forward 0.48-0.99x eager",
-        isas=("avx2",),
-        channels_last=True,
-        backward=False,
-    )
-)
-policy.register_slower_region(
-    policy.SlowerRegion(
-        _OP,
-        "cpu",
-        "avx512 channels_last inference, strided depthwise",
-        f"{_EVIDENCE_AVX512}: fused forward 0.80-0.87x eager at stride 2 (1.08-1.60x at stride 1)",
-        _strided,
-        isas=("avx512",),
-        channels_last=True,
-        backward=False,
-    )
-)

@@ -15,6 +15,7 @@ from fastops import policy
 from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
+from fastops.policy import runs_torch
 from fastops.swap import (
     PairRule,
     SwapRule,
@@ -76,12 +77,14 @@ def _gelu_skip_reason(m: nn.Module) -> str | None:
     return None if reason is None else f"registered as GELU(approximate={approximate!r}), but {reason}"
 
 
-class GELU(nn.Module):
+_GELU_OP = torch.ops.fastops.gelu.default
+
+
+class GELU(policy.TunedModule):
     """Drop-in for ``torch.nn.GELU``: ``y = gelu(x, approximate)``; see :func:`fastops.gelu`.
     ``backend``: see :mod:`fastops.policy` (under ``"auto"``, ``F.gelu`` runs where it is measured
-    faster)."""
+    faster on this machine)."""
 
-    backend: str = "auto"
     policy_ops = ("gelu",)
 
     def __init__(self, approximate: str = "none") -> None:
@@ -100,20 +103,31 @@ class GELU(nn.Module):
             )
         return cls(approximate)
 
+    def fastops_details(self) -> str:
+        return f"approximate={self.approximate!r}"
+
     def forward(self, x: Tensor) -> Tensor:
-        if policy.runs_torch(self, "gelu", x, approximate=self.approximate):
+        # TunedModule.forward inlined, and the registered op called directly (it checks x itself; the
+        # form was checked when the module was built): this is the smallest op, where a call costs most.
+        if runs_torch(self, x):
             return F.gelu(x, approximate=self.approximate)
+        return _GELU_OP(x, self.approximate)
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         return gelu(x, self.approximate)
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, approximate=self.approximate)
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
 
 
-class BiasGELU(nn.Module):
+class BiasGELU(policy.TunedModule):
     """``y = gelu(x + bias)`` over the last dimension of x, with a learnable ``bias`` of ``features``
-    elements (initialised to zero); see :func:`fastops.bias_gelu`."""
+    elements (initialised to zero); see :func:`fastops.bias_gelu`. ``backend``: see
+    :mod:`fastops.policy`."""
 
-    backend: str = "auto"  # see fastops.policy
     policy_ops = ("bias_gelu",)
 
     def __init__(
@@ -130,16 +144,20 @@ class BiasGELU(nn.Module):
         self.approximate = check_approximate("nn.BiasGELU", approximate)
         self.bias = nn.Parameter(torch.zeros(features, device=device, dtype=dtype))
 
-    def forward(self, x: Tensor) -> Tensor:
-        if policy.runs_torch(self, "bias_gelu", x, approximate=self.approximate):
-            return F.gelu(x + self.bias.to(x.dtype), approximate=self.approximate)
+    def fastops_details(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         return bias_gelu(x, self.bias.to(x.dtype), self.approximate)
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x + self.bias.to(x.dtype), approximate=self.approximate)
 
     def extra_repr(self) -> str:
         return f"features={self.features}, approximate={self.approximate!r}"
 
 
-class LinearGELU(nn.Module):
+class LinearGELU(policy.TunedModule):
     """``gelu(x @ weight.T + bias)``: a Linear without its bias add, followed by the fused bias+GELU.
 
     ``weight`` (out_features, in_features) and ``bias`` (out_features) are named, shaped and
@@ -149,7 +167,6 @@ class LinearGELU(nn.Module):
     ``F.linear`` does; the fused kernel then runs in that dtype.
     """
 
-    backend: str = "auto"  # see fastops.policy
     policy_ops = ("gelu", "bias_gelu")
 
     def __init__(
@@ -200,15 +217,20 @@ class LinearGELU(nn.Module):
         share_parameters(m, linear)
         return m
 
-    def forward(self, x: Tensor) -> Tensor:
-        if policy.runs_torch(
-            self, "gelu" if self.bias is None else "bias_gelu", x, approximate=self.approximate
-        ):
-            return F.gelu(F.linear(x, self.weight, self.bias), approximate=self.approximate)
+    def fastops_op(self) -> str:
+        return "gelu" if self.bias is None else "bias_gelu"
+
+    def fastops_details(self) -> str:
+        return f"linear {self.in_features} -> {self.out_features}, approximate={self.approximate!r}"
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         y = F.linear(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)
         return bias_gelu(y, self.bias.to(y.dtype), self.approximate)
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return F.gelu(F.linear(x, self.weight, self.bias), approximate=self.approximate)
 
     def extra_repr(self) -> str:
         return (
@@ -217,7 +239,7 @@ class LinearGELU(nn.Module):
         )
 
 
-class PointwiseConvGELU(nn.Module):
+class PointwiseConvGELU(policy.TunedModule):
     """``gelu(conv2d(x, weight) + bias)`` with a 1x1 kernel: a 1x1 ``nn.Conv2d`` (stride 1, no padding,
     groups 1) without its bias add, followed by the fused bias+GELU over the channels.
 
@@ -226,7 +248,6 @@ class PointwiseConvGELU(nn.Module):
     free for channels_last input (the conv then writes channels_last); NCHW input costs a copy.
     """
 
-    backend: str = "auto"  # see fastops.policy
     policy_ops = ("gelu", "bias_gelu")
 
     def __init__(
@@ -272,11 +293,16 @@ class PointwiseConvGELU(nn.Module):
         share_parameters(m, conv)
         return m
 
-    def forward(self, x: Tensor) -> Tensor:
-        if policy.runs_torch(
-            self, "gelu" if self.bias is None else "bias_gelu", x, approximate=self.approximate
-        ):
-            return F.gelu(F.conv2d(x, self.weight, self.bias), approximate=self.approximate)
+    def fastops_op(self) -> str:
+        return "gelu" if self.bias is None else "bias_gelu"
+
+    def fastops_details(self) -> str:
+        return f"1x1 conv {self.in_channels} -> {self.out_channels}, approximate={self.approximate!r}"
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        return F.gelu(F.conv2d(x, self.weight, self.bias), approximate=self.approximate)
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         y = F.conv2d(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)
@@ -419,19 +445,4 @@ register_swap_rule(
 )
 register_swap_rule(
     SwapRule("gelu_mlp", matches=_is_gelu_mlp, replace=GELUMlp.from_torch, skip_reason=_mlp_skip_reason)
-)
-
-# Never slower on CUDA: the H200 runs measured our CUDA GELU below eager, also after the C++ autograd
-# and the reduced fp16/bf16 forward (2026-11-27, second run): 0.67-0.89x, but for the bf16 4096x4096
-# forwards at 0.96-1.01x. bias_gelu needs no region: its fused forward (1.73-2.08x) outweighs its slower backward
-# (0.62-0.85x), fwd+bwd 1.02-1.16x. The region goes once a GPU run shows GELU at or above eager.
-_H200 = "benchmarks/results/gpu_h200_2026-11-27b.md"
-policy.register_slower_region(
-    policy.SlowerRegion(
-        "gelu",
-        "cuda",
-        "every dtype and size, training and inference",
-        f"{_H200}: gelu bwd 0.67-0.85x, fwd+bwd 0.87-0.89x eager; fwd fp32 0.84-0.86x, bf16 "
-        "0.85-1.01x (1M and 4096x4096, erf and tanh)",
-    )
 )

@@ -78,7 +78,7 @@ def _class_key(m: nn.Module) -> tuple[str, str]:
     return type(m).__module__, type(m).__name__
 
 
-class SqueezeExcite(nn.Module):
+class SqueezeExcite(policy.TunedModule):
     """Squeeze-excitation ``y = x * gate(fc2(act(fc1(mean_hw(x)))))`` on fastops kernels; see
     :func:`fastops.squeeze_excite`.
 
@@ -90,10 +90,9 @@ class SqueezeExcite(nn.Module):
 
     ``backend`` (``"auto"``, ``"fastops"`` or ``"torch"``) picks the kernels as :mod:`fastops.policy`
     says: under ``"auto"``, the eager block (mean, the FC modules, ``x * scale``) runs for the inputs
-    where the benchmarks show it faster than ours.
+    where it is measured faster than ours on this machine.
     """
 
-    backend: str = "auto"
     policy_ops = ("squeeze_excite",)
 
     def __init__(
@@ -129,14 +128,22 @@ class SqueezeExcite(nn.Module):
         self.add_module(self.fc_names[0], fc1)
         self.add_module(self.fc_names[1], fc2)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def fastops_details(self) -> str:
+        fc1: Any = self._modules[self.fc_names[0]]
+        weight_dtype = str(fc1.weight.dtype).removeprefix("torch.")
+        return f"act={self.act!r}, gate={self.gate!r}, {weight_dtype} FC weights"
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        # The stock block, op for op (under autocast too): what this module stands in for.
+        fc1: Any = self._modules[self.fc_names[0]]
+        fc2: Any = self._modules[self.fc_names[1]]
+        pooled = x.mean((2, 3), keepdim=self.conv)
+        scale = _TORCH_GATES[self.gate](fc2(_TORCH_ACTS[self.act](fc1(pooled))))
+        return x * (scale if self.conv else scale[:, :, None, None])
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
         fc1: Any = self._modules[self.fc_names[0]]  # nn.Linear or 1x1 nn.Conv2d
         fc2: Any = self._modules[self.fc_names[1]]
-        if policy.runs_torch(self, "squeeze_excite", x, weight_dtype=fc1.weight.dtype):
-            # The stock block, op for op (under autocast too): what this module stands in for.
-            pooled = x.mean((2, 3), keepdim=self.conv)
-            scale = _TORCH_GATES[self.gate](fc2(_TORCH_ACTS[self.act](fc1(pooled))))
-            return x * (scale if self.conv else scale[:, :, None, None])
         w1, w2 = fc1.weight, fc2.weight
         if self.conv:
             # A 1x1 conv's (out, in, 1, 1) weight as a Linear's (out, in), a view.
@@ -292,23 +299,6 @@ def _probe_plain(m: Any, fc1: Any, fc2: Any) -> str | None:
         return "its forward is not x * gate(fc2(act(fc1(x.mean((2, 3))))))[:, :, None, None]"
     return None
 
-
-# Never slower on CUDA: with fp16/bf16 FC weights (a model cast to half precision, no autocast) the
-# block runs its FCs in fp32 and casts the four FC tensors on every call (10 kernels a forward against
-# eager's 6), and the H200 measured it below eager. With fp32 weights (autocast training) nothing is
-# cast and ours runs.
-_H200_SE = "benchmarks/results/gpu_h200_2026-11-27b.md"
-policy.register_slower_region(
-    policy.SlowerRegion(
-        "squeeze_excite",
-        "cuda",
-        "fp16/bf16 input with FC weights of the same dtype",
-        f"{_H200_SE}: bf16 effnet_b0 stage 2 NCHW fwd 0.82x, fwd+bwd 0.97x eager "
-        "(gpu_h200_2026-11-27.md: 0.94-1.00x fwd+bwd, 0.67-0.82x fwd)",
-        lambda c: c.params.get("weight_dtype") == c.dtype,
-        dtypes=(torch.float16, torch.bfloat16),
-    )
-)
 
 register_swap_rule(
     SwapRule(

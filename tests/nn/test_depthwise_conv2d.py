@@ -1,5 +1,5 @@
-"""fastops.nn.DepthwiseConv2d: parity with nn.Conv2d(groups=C), checkpoints both ways, the CUDA
-backend choice, and what from_torch refuses."""
+"""fastops.nn.DepthwiseConv2d: parity with nn.Conv2d(groups=C), checkpoints both ways, the backend
+choice, and what from_torch refuses."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fastops
-from fastops import policy
-from tests.helpers import assert_close_to_reference, cuda_only, devices
+from tests.helpers import assert_close_to_reference, devices
 
 
 @devices
@@ -38,75 +37,21 @@ def test_module_parity_and_checkpoints(device: str) -> None:
 
 
 @devices
-def test_module_cuda_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default on CUDA is "auto": the named cuDNN fallback (F.conv2d, bit for bit) except for the
-    measured region where ours wins; "fastops" runs ours, "cudnn" cuDNN; CPU input runs as the CPU
-    policy says. Bad settings are errors that name the setting."""
-    monkeypatch.delenv("FASTOPS_CUDA_DEPTHWISE")
-    monkeypatch.delenv("FASTOPS_BACKEND", raising=False)
-    assert fastops.nn.depthwise_conv2d.cuda_backend() == "auto"
+def test_module_backend_choice(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One knob on every device: "torch" runs F.conv2d (bit for bit), "fastops" ours; a bad value is
+    an error that names it."""
     conv = nn.Conv2d(8, 8, 3, padding=1, groups=8, device=device)
     m = fastops.nn.DepthwiseConv2d.from_torch(conv)
     x = torch.randn(2, 8, 9, 10, device=device).contiguous(memory_format=torch.channels_last)
     ref = fastops.reference.depthwise_conv2d(x.double(), conv.weight.double(), conv.bias.double(), 1, 1, 1)
-    if device == "cuda":
-        assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
-        m.cuda_backend = "cudnn"
-        assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
-    m.cuda_backend = "fastops"
-    assert m.resolved_cuda_backend() == "fastops"
+    m.backend = "torch"
+    assert torch.equal(m(x), F.conv2d(x, conv.weight, conv.bias, 1, 1, 1, 8))
+    m.backend = "fastops"
+    monkeypatch.setenv("FASTOPS_BACKEND", "torch")  # a module's own backend comes first
     assert_close_to_reference(m(x), ref)
-    m.cuda_backend = "cublas"
-    with pytest.raises(ValueError, match="cuda_backend='cublas'"):
-        m.resolved_cuda_backend()
-    monkeypatch.setenv("FASTOPS_CUDA_DEPTHWISE", "triton")
-    with pytest.raises(ValueError, match="FASTOPS_CUDA_DEPTHWISE='triton'"):
-        fastops.nn.depthwise_conv2d.cuda_backend()
-
-
-def _cuda_case(
-    kernel: int, stride: int, dtype: torch.dtype, channels_last: bool, channels: int = 40, dilation: int = 1
-) -> policy.Case:
-    return policy.Case(
-        "depthwise_conv2d", "cuda", None, channels_last, dtype, (256, channels, 56, 56), True,
-        {"kernel_size": (kernel, kernel), "stride": (stride, stride), "dilation": (dilation, dilation)},
-    )  # fmt: skip
-
-
-def test_cuda_auto_runs_ours_only_where_measured_faster() -> None:
-    """Under "auto", CUDA input runs cuDNN except float32 channels_last 7x7 at stride 1 (the H200's
-    3.5x); decided on the CPU from the registered region."""
-    cuda = [r for r in policy.regions("depthwise_conv2d") if r.device == "cuda"]
-    assert len(cuda) == 1 and "gpu_h200_2026-11-27b.md" in cuda[0].evidence
-
-    def ours(*args: object) -> bool:
-        return not cuda[0].covers(_cuda_case(*args))  # type: ignore[arg-type]
-
-    assert ours(7, 1, torch.float32, True)
-    assert not ours(9, 1, torch.float32, True)  # 3/5/7 only have the channels_last kernels measured
-    assert not ours(7, 1, torch.float32, True, 42)  # 42 channels: no whole 16-byte vectors
-    assert not ours(7, 1, torch.float32, True, 40, 2)  # dilated
-    assert not ours(7, 1, torch.float32, False)  # NCHW
-    assert not ours(7, 2, torch.float32, True)  # strided
-    assert not ours(3, 1, torch.float32, True) and not ours(5, 1, torch.float32, True)
-    assert not ours(7, 1, torch.bfloat16, True) and not ours(7, 1, torch.float16, True)
-
-
-@cuda_only
-def test_cuda_auto_runs_ours_on_a_convnext_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FASTOPS_CUDA_DEPTHWISE")
-    monkeypatch.delenv("FASTOPS_BACKEND", raising=False)
-    conv = nn.Conv2d(8, 8, 7, padding=3, groups=8, device="cuda")
-    m = fastops.nn.DepthwiseConv2d.from_torch(conv)
-    x = torch.randn(2, 8, 12, 11, device="cuda").contiguous(memory_format=torch.channels_last)
-    policy.reset_fallback_counts()
-    y = m(x)
-    assert policy.fallback_counts()["depthwise_conv2d"] == 0, "ran cuDNN"
-    assert_close_to_reference(
-        y, fastops.reference.depthwise_conv2d(x.double(), conv.weight.double(), conv.bias.double(), 1, 3, 1)
-    )
-    m(x.contiguous())  # NCHW: cuDNN, counted as a fallback
-    assert policy.fallback_counts()["depthwise_conv2d"] == 1
+    m.backend = "cublas"
+    with pytest.raises(ValueError, match="expected backend to be one of .*'cublas'"):
+        m(x)
 
 
 def test_module_rejects_non_depthwise() -> None:

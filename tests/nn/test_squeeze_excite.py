@@ -10,7 +10,6 @@ import torch
 from torch import Tensor, nn
 
 import fastops
-from fastops import policy
 from tests.helpers import devices
 
 
@@ -143,28 +142,3 @@ def test_module_under_autocast_and_compile() -> None:
     assert m.fc1.weight.grad is not None and m.fc1.weight.grad.dtype == torch.float32
     compiled = torch.compile(m, fullgraph=True)
     torch.testing.assert_close(compiled(x), m(x))
-
-
-def test_cuda_half_precision_weights_run_the_stock_block() -> None:
-    """On CUDA, fp16/bf16 input with FC weights of its dtype runs eager's composition (the H200
-    measured ours slower there); fp32 weights under autocast, and fp32, run ours. Decided from the
-    registered region, on any machine."""
-    (region,) = [r for r in policy.regions("squeeze_excite") if r.device == "cuda"]
-
-    def case(x_dtype: torch.dtype, weight_dtype: torch.dtype) -> policy.Case:
-        return policy.Case(
-            "squeeze_excite",
-            "cuda",
-            None,
-            False,
-            x_dtype,
-            (64, 144, 56, 56),
-            True,
-            {"weight_dtype": weight_dtype},
-        )
-
-    assert region.covers(case(torch.bfloat16, torch.bfloat16))
-    assert region.covers(case(torch.float16, torch.float16))
-    assert not region.covers(case(torch.bfloat16, torch.float32))  # autocast: fp32 params, nothing cast
-    assert not region.covers(case(torch.float32, torch.float32))
-    assert "gpu_h200_2026-11-27b.md" in region.evidence
