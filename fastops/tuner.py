@@ -519,13 +519,24 @@ def _state_kept(module: nn.Module, device: torch.device) -> Iterator[None]:
 
 
 def _agree(ours: Any, theirs: Any) -> bool:
-    """Whether our output matches PyTorch's loosely enough to call it the same computation (this
-    catches a broken kernel, not rounding: the tests check the real tolerances)."""
+    """Whether our output (and gradients) match PyTorch's closely enough to call them the same
+    computation. This catches a broken kernel, not rounding: the error is measured over the whole
+    tensor (its norm against the norm of PyTorch's result), since in fp16/bf16 PyTorch's own
+    weight gradients, summed in the low precision, can be a few percent off elementwise while ours
+    sum in fp32. NaN and inf must sit in the same places. The tests check the real tolerances."""
     if isinstance(ours, Tensor) and isinstance(theirs, Tensor):
         if ours.shape != theirs.shape:
             return False
-        tol = 1e-3 if ours.dtype in (torch.float32, torch.float64) else 5e-2
-        return bool(torch.allclose(ours.double(), theirs.double(), rtol=tol, atol=tol, equal_nan=True))
+        a, b = ours.detach().double(), theirs.detach().double()
+        finite = torch.isfinite(a)
+        if not (
+            torch.equal(finite, torch.isfinite(b))
+            and torch.equal(a[~finite].nan_to_num(), b[~finite].nan_to_num())
+        ):
+            return False
+        a, b = a[finite], b[finite]
+        tolerance = 1e-3 if ours.dtype in (torch.float32, torch.float64) else 1e-1
+        return bool(torch.linalg.vector_norm(a - b) <= tolerance * torch.linalg.vector_norm(b) + 1e-30)
     if isinstance(ours, (tuple, list)) and isinstance(theirs, (tuple, list)) and len(ours) == len(theirs):
         return all(_agree(a, b) for a, b in zip(ours, theirs, strict=True))
     return ours is None and theirs is None
@@ -539,14 +550,24 @@ def _measure(module: policy.TunedModule, x: Tensor, training: bool) -> dict[str,
         xd = x.detach().requires_grad_(x.requires_grad) if training else x.detach()
         inputs = ([xd] if xd.requires_grad else []) + [p for p in module.parameters() if p.requires_grad]
 
+        upstreams: dict[tuple[Any, ...], Tensor] = {}
+
+        def upstream(o: Tensor) -> Tensor:
+            """A fixed random upstream gradient per output shape, from a private generator (the
+            caller's RNG stream is untouched). Not ones: the gradient of a normalisation for a
+            constant upstream is zero, and two kernels' rounding noise never agrees."""
+            key = (tuple(o.shape), o.dtype, o.device)
+            if key not in upstreams:
+                generator = torch.Generator(device=o.device).manual_seed(0)
+                upstreams[key] = torch.randn(o.shape, generator=generator, device=o.device).to(o.dtype)
+            return upstreams[key]
+
         def step(forward: Callable[[Tensor], Any]) -> Callable[[], Any]:
             def run() -> Any:
                 out = forward(xd)
                 if training and inputs:
                     outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad]
-                    grads = torch.autograd.grad(
-                        outs, inputs, [torch.ones_like(o) for o in outs], allow_unused=True
-                    )
+                    grads = torch.autograd.grad(outs, inputs, [upstream(o) for o in outs], allow_unused=True)
                     return out, grads
                 return out, None
 
