@@ -155,3 +155,19 @@ def nvcc_flags() -> list[str]:
 
 def ld_flags() -> list[str]:
     return ["-fopenmp"]
+
+
+def torch_identity() -> dict[str, str | bool | None]:
+    """What tells one torch binary from another, ABI-wise: recorded in _compiled.json at build time and
+    compared with the running torch at import (fastops._extension)."""
+    import torch
+
+    return {
+        # The full version, local label included: 2.14.1+cpu and 2.14.1+cu130 are different builds,
+        # and a source build's label (+git<sha>) is the only thing that tells two of them apart.
+        "torch": torch.__version__,
+        # Same version string, different build: a torch compiled from source keeps the release's
+        # version but may differ in CUDA or in the C++ ABI of std::string, which every symbol carries.
+        "torch_cuda": torch.version.cuda,
+        "torch_cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+    }
