@@ -84,6 +84,9 @@ print(
 )
 
 setup(
+    # Computed here, not in pyproject.toml: the library runs only with the torch it is compiled
+    # against, so a wheel pins that torch (see _build.torch_requirement for the local label).
+    install_requires=[build.torch_requirement(torch.__version__)],
     packages=find_packages(include=["fastops", "fastops.*"]),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtensionWithConfig},

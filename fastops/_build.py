@@ -171,3 +171,16 @@ def torch_identity() -> dict[str, str | bool | None]:
         "torch_cuda": torch.version.cuda,
         "torch_cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
     }
+
+
+def torch_requirement(torch_version: str) -> str:
+    """The wheel's dependency on torch: the version it was built against, without the local label.
+
+    `torch==2.13.0` matches 2.13.0, 2.13.0+cpu and 2.13.0+cu130 (PEP 440: a public `==` ignores local
+    labels), so the wheel installs next to the torch a user already has from any index, and pip flags
+    a later `pip install -U torch` as a conflict. Pinning `==2.13.0+cpu` would make the wheel
+    uninstallable wherever torch comes from PyPI, which never carries local labels (its plain 2.14.1 is
+    the CUDA 13.0 build). Which flavour (cpu, cuXXX) runs is checked at import instead, against the
+    full version recorded in _compiled.json.
+    """
+    return f"torch=={torch_version.split('+', 1)[0]}"

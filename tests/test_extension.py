@@ -287,3 +287,28 @@ def test_rebuild_command_names_where_fastops_was_installed_from(
     # Another environment's fastops (another checkout, another venv's site-packages) is never named.
     installed(Path("/work/other-checkout"), Path("/other-venv/site-packages/fastops"))
     assert _extension._rebuild_command().endswith("--no-deps <fastops source directory or sdist>")
+
+
+@pytest.mark.parametrize(
+    ("version", "requirement"),
+    [
+        ("2.13.0+cpu", "torch==2.13.0"),
+        ("2.14.1", "torch==2.14.1"),
+        ("2.15.0.dev20261101+cu130", "torch==2.15.0.dev20261101"),
+    ],
+)
+def test_torch_requirement_drops_the_local_label(version: str, requirement: str) -> None:
+    assert _build.torch_requirement(version) == requirement
+
+
+def test_wheel_metadata_pins_the_building_torch(tmp_path: Path) -> None:
+    """What `pip wheel --no-build-isolation .` writes into METADATA, without compiling anything."""
+    code = (
+        "import sys; from setuptools import build_meta; "
+        f"print(build_meta.prepare_metadata_for_build_wheel({str(tmp_path)!r}))"
+    )
+    proc = _run(["-c", code], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metadata_file = tmp_path / proc.stdout.strip().splitlines()[-1] / "METADATA"
+    requires = [ln for ln in metadata_file.read_text().splitlines() if ln.startswith("Requires-Dist: torch")]
+    assert requires == [f"Requires-Dist: torch=={torch.__version__.split('+', 1)[0]}"]
