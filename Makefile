@@ -7,6 +7,7 @@
 #   make lint        ruff, clang-format, mypy
 #   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)
 #   make test-models swap_modules on real timm / torchvision models (in .venv-cuda, on the CPU)
+#   make upgrade-check the library built for the main env's torch, imported under .venv-cuda's newer torch
 SHELL := /bin/bash
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
@@ -21,7 +22,7 @@ PY := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env install test test-avx2 bench demo lint format cuda-check test-models clean
+.PHONY: env install test test-avx2 bench demo lint format cuda-check test-models upgrade-check clean
 
 .venv/.installed: requirements-dev.txt
 	$(PYTHON) -m venv .venv
@@ -104,6 +105,22 @@ cuda-check: .venv-cuda/.installed
 test-models: .venv-cuda/.models-installed
 	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/models -q
 	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/train/test_cli.py -q -k image_folder
+
+# What `pip install -U torch` does to an installed fastops: the library built in the main env imported
+# under .venv-cuda's torch (another version), from a copy of the package without csrc/ as a wheel
+# installs it. The import must refuse it before loading it, naming both torches and the rebuild command
+# (not the dynamic linker's "undefined symbol"). No compiling: it reuses `make install`'s library.
+upgrade-check: install .venv-cuda/.installed
+	@set -euo pipefail; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; cp -r fastops $$tmp/; \
+	built=$$($(PY) -c "import torch; print(torch.__version__)"); \
+	running=$$(.venv-cuda/bin/python -c "import torch; print(torch.__version__)"); \
+	if [ "$$built" = "$$running" ]; then echo "upgrade-check: both envs run torch $$built, nothing to check"; exit 0; fi; \
+	if (cd $$tmp && $(CURDIR)/.venv-cuda/bin/python -c "import fastops") 2> $$tmp/err.txt; then \
+	  echo "upgrade-check: the library built for torch $$built imported under torch $$running"; exit 1; fi; \
+	if ! grep -qF "compiled against torch $$built, but torch $$running is running" $$tmp/err.txt || \
+	   ! grep -qF "pip install --no-build-isolation --force-reinstall --no-deps" $$tmp/err.txt; then \
+	  tail -5 $$tmp/err.txt; echo "upgrade-check: not the expected error"; exit 1; fi; \
+	tail -3 $$tmp/err.txt; echo "upgrade-check: a build for torch $$built is refused by name under torch $$running"
 
 clean:
 	rm -rf build dist *.egg-info fastops/_C*.so fastops/_compiled.json

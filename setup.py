@@ -61,7 +61,8 @@ ext = extension_class(
 
 class BuildExtensionWithConfig(BuildExtension):
     """Also writes fastops/_compiled.json next to the built library: what it was compiled for,
-    read at import before the library is loaded (a CPU-ISA mismatch must not crash the import)."""
+    read at import before the library is loaded (a CPU-ISA mismatch or another torch must not crash
+    the import)."""
 
     def run(self) -> None:
         super().run()
@@ -69,7 +70,7 @@ class BuildExtensionWithConfig(BuildExtension):
             "cpu_capability": capability,
             "with_cuda": with_cuda,
             "cuda_arch_list": os.environ["TORCH_CUDA_ARCH_LIST"] if with_cuda else None,
-            "torch": torch.__version__,
+            **build.torch_identity(),
         }
         target = Path(self.get_ext_fullpath("fastops._C")).parent / "_compiled.json"
         target.write_text(json.dumps(config, indent=2) + "\n")
@@ -83,6 +84,9 @@ print(
 )
 
 setup(
+    # Computed here, not in pyproject.toml: the library runs only with the torch it is compiled
+    # against, so a wheel pins that torch (see _build.torch_requirement for the local label).
+    install_requires=[build.torch_requirement(torch.__version__)],
     packages=find_packages(include=["fastops", "fastops.*"]),
     ext_modules=[ext],
     cmdclass={"build_ext": BuildExtensionWithConfig},

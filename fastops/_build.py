@@ -155,3 +155,32 @@ def nvcc_flags() -> list[str]:
 
 def ld_flags() -> list[str]:
     return ["-fopenmp"]
+
+
+def torch_identity() -> dict[str, str | bool | None]:
+    """What tells one torch binary from another, ABI-wise: recorded in _compiled.json at build time and
+    compared with the running torch at import (fastops._extension)."""
+    import torch
+
+    return {
+        # The full version, local label included: 2.14.1+cpu and 2.14.1+cu130 are different builds,
+        # and a source build's label (+git<sha>) is the only thing that tells two of them apart.
+        "torch": torch.__version__,
+        # Same version string, different build: a torch compiled from source keeps the release's
+        # version but may differ in CUDA or in the C++ ABI of std::string, which every symbol carries.
+        "torch_cuda": torch.version.cuda,
+        "torch_cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+    }
+
+
+def torch_requirement(torch_version: str) -> str:
+    """The wheel's dependency on torch: the version it was built against, without the local label.
+
+    `torch==2.13.0` matches 2.13.0, 2.13.0+cpu and 2.13.0+cu130 (PEP 440: a public `==` ignores local
+    labels), so the wheel installs next to the torch a user already has from any index, and pip flags
+    a later `pip install -U torch` as a conflict. Pinning `==2.13.0+cpu` would make the wheel
+    uninstallable wherever torch comes from PyPI, which never carries local labels (its plain 2.14.1 is
+    the CUDA 13.0 build). Which flavour (cpu, cuXXX) runs is checked at import instead, against the
+    full version recorded in _compiled.json.
+    """
+    return f"torch=={torch_version.split('+', 1)[0]}"

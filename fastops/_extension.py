@@ -4,6 +4,11 @@ Order: with FASTOPS_JIT=1 always JIT; otherwise import the prebuilt fastops._C, 
 none but csrc/ is next to the package (a source checkout), JIT-build it. JIT builds are cached per
 torch version, Python version, CUDA on/off and CPU ISA under $TORCH_EXTENSIONS_DIR (default
 ~/.cache/torch_extensions), so a second import loads in well under a second.
+
+A prebuilt fastops._C compiled against another torch is never loaded: the dynamic linker would
+answer with a missing C++ symbol (or, worse, load it). Its recorded torch (_compiled.json) is
+compared with the running one first; a source checkout then JIT-builds for the running torch, an
+installed package raises an ImportError that names both versions and the rebuild command.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import json
 import os
 import shutil
 import sys
+import urllib.parse
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +39,9 @@ class LoadedExtension:
     with_cuda: bool
     details: dict[str, str] = field(default_factory=dict)
     module: ModuleType | None = field(default=None, repr=False)  # the library as a Python module
+    # The torch the kernels were compiled against: the running one for a JIT build, the recorded one
+    # for a prebuilt library (None where the build recorded none).
+    built_for_torch: str | None = None
 
 
 _loaded: LoadedExtension | None = None
@@ -102,25 +112,134 @@ def _jit_build() -> LoadedExtension:
         is_python_module=True,  # imports it, which also registers the ops
         verbose=os.environ.get("FASTOPS_VERBOSE_BUILD") == "1",
     )
-    return LoadedExtension("jit", str(library), capability, with_cuda, module=module)
+    return LoadedExtension(
+        "jit", str(library), capability, with_cuda, built_for_torch=torch.__version__, module=module
+    )
+
+
+def _torch_mismatch(recorded: dict) -> tuple[str, str] | None:
+    """(the torch fastops._C was built against, the running torch) where they differ, else None.
+
+    "The same torch" means the same full version string (local label included: +cpu and +cu130 builds
+    of one release are separate binaries that nothing promises to be interchangeable, and a source
+    build's +git<sha> is its only name), the same CUDA version and the same C++11 ABI flag; each is
+    compared where the build recorded it. Too strict costs a rebuild; too loose, a crash.
+    """
+    running = _build.torch_identity()
+    keys = [k for k in running if k in recorded and recorded[k] != running[k]]
+    if not keys:
+        return None
+
+    def describe(identity: dict) -> str:
+        # The version always; the CUDA version and the ABI only where they are what differs.
+        text = str(identity.get("torch", "(version not recorded)"))
+        extra = []
+        if "torch_cuda" in keys:
+            extra.append(f"CUDA {identity['torch_cuda']}" if identity["torch_cuda"] else "CPU-only")
+        if "torch_cxx11_abi" in keys:
+            extra.append(f"_GLIBCXX_USE_CXX11_ABI={int(bool(identity['torch_cxx11_abi']))}")
+        return text + (f" ({', '.join(extra)})" if extra else "")
+
+    return describe(recorded), describe(running)
+
+
+def _rebuild_command() -> str:
+    """The one command that rebuilds fastops for the running torch, from where it was installed from.
+
+    pip records a local source directory in direct_url.json (PEP 610); a wheel or an index install
+    leaves no source to rebuild from, so the command then names a placeholder."""
+    source, editable = "<fastops source directory or sdist>", False
+    try:
+        dist = metadata.distribution("fastops")
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        info = {}
+    url = str(info.get("url", ""))
+    if url.startswith("file://") and "dir_info" in info:
+        path = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+        editable = bool(info["dir_info"].get("editable", False))
+        # Only where that distribution is this package: another environment's fastops (an editable
+        # install of another checkout) must not be named.
+        installed = path / "fastops" if editable else Path(str(dist.locate_file("fastops")))
+        if installed.resolve() == _build.PACKAGE_DIR:
+            source = str(path)
+        else:
+            editable = False
+    # --no-deps: the rebuilt wheel pins the running torch, and pip must not reinstall it.
+    return f"pip install --no-build-isolation --force-reinstall --no-deps {'-e ' if editable else ''}{source}"
+
+
+def _wrong_torch_error(library: str, built: str | None, running: str, linker: str = "") -> ImportError:
+    if built is None:
+        was = "were compiled against another torch"
+    elif built == running:
+        was = f"were compiled against another build of torch {built}"
+    else:
+        was = f"were compiled against torch {built}"
+    return ImportError(
+        f"fastops: the compiled kernels ({library}) {was}, but torch {running} is running; a C++ "
+        "extension only loads into the torch build it was compiled against"
+        + (f" (the dynamic linker: {linker})" if linker else "")
+        + f". Rebuild fastops for this torch:\n    {_rebuild_command()}"
+        + (f"\nor install the torch it was built for (torch {built})." if built and built != running else "")
+    )
+
+
+def _jit_instead(library: str, why: str) -> None:
+    """The one-line notice of a source checkout that compiles csrc/ instead of loading fastops._C."""
+    print(
+        f"fastops: {Path(library).name} {why}: using a JIT build of csrc/ for this torch instead",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _load_library() -> ModuleType:
+    # Its own function so that the tests can see whether the library was loaded, and fail it.
+    return importlib.import_module("fastops._C")
 
 
 def _import_prebuilt() -> LoadedExtension | None:
-    import torch  # noqa: F401  (loads libc10/libtorch, which fastops._C links against)
+    import torch  # (loads libc10/libtorch, which fastops._C links against)
 
-    if importlib.util.find_spec("fastops._C") is None:
+    spec = importlib.util.find_spec("fastops._C")
+    if spec is None:
         return None
+    library = str(spec.origin)
+    # A source checkout (or an editable install) can compile for the running torch instead.
+    checkout = _build.CSRC_DIR.is_dir()
     config: dict = {}
     if COMPILED_CONFIG.exists():
         config = json.loads(COMPILED_CONFIG.read_text())
+        mismatch = _torch_mismatch(config)
+        if mismatch is not None:
+            built, running = mismatch
+            if checkout:
+                _jit_instead(library, f"was built against torch {built}, torch {running} is running")
+                return None
+            raise _wrong_torch_error(library, built, running)
         _check_cpu_supports(config.get("cpu_capability", "default"), "fastops._C")
-    module = importlib.import_module("fastops._C")
+    try:
+        module = _load_library()
+    except (ImportError, OSError) as e:
+        # What is left of an ABI mismatch that the record did not show (none written, or a torch
+        # rebuilt under the same version): the linker's missing C++ symbol, said plainly. dlopen
+        # failed, so nothing of the library was loaded and a JIT build can still register the ops.
+        message = str(e)
+        if "undefined symbol" not in message:
+            raise
+        linker = message[message.index("undefined symbol") :].splitlines()[0][:120]
+        if checkout:
+            _jit_instead(library, f"does not load into torch {torch.__version__} ({linker})")
+            return None
+        raise _wrong_torch_error(library, config.get("torch"), torch.__version__, linker) from e
     return LoadedExtension(
         "prebuilt",
         str(module.__file__),
         config.get("cpu_capability", "unknown"),
         bool(config.get("with_cuda", False)),
         module=module,
+        built_for_torch=config.get("torch"),
     )
 
 

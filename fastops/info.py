@@ -43,6 +43,9 @@ def report() -> str:
     lines = [
         f"fastops {fastops.__version__}",
         f"  build: {ext.mode} ({ext.path})",
+        # Side by side, so a report shows at once whether the library was built for this torch.
+        f"  compiled against torch {ext.built_for_torch or 'unknown (not recorded)'}, running torch "
+        f"{torch.__version__}",
         f"  CPU kernels: {ext.cpu_capability} vector ISA; torch CPU capability "
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads",
     ]
