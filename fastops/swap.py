@@ -16,7 +16,8 @@ class (a user can register rules for their own modules with :func:`register_swap
 * depthwise convs with TensorFlow "same" padding computed per input size (timm's ``Conv2dSame``;
   add your own with :func:`fastops.nn.register_same_padding_conv2d`)
                                                 -> ``fastops.nn.DepthwiseConv2dSame``
-* ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential``
+* ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential`` (whose class does not
+  override ``forward``: such a forward may use the Linear's output apart from the GELU)
                                                 -> ``fastops.nn.LinearGELU`` at the Linear's index and
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
@@ -41,6 +42,8 @@ that looked like a candidate but was left alone (with the reason), and can undo 
 training done between swap and undo is kept.
 
 A swap never silently changes behaviour:
+
+* A module used in several places (one object) gets one twin, put in each place.
 
 * A candidate that carries its own hooks (forward, forward pre-, backward, state_dict), a
   parametrization (``torch.nn.utils.parametrize``), pruning (``weight_orig`` / ``weight_mask``) or
@@ -322,6 +325,15 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
     def decide_pair(parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]]) -> set[str]:
         """Plan the pair rules over a Sequential's children; returns the attrs they fused."""
         fused: set[str] = set()
+        # Fused, the first module's output is no longer there to see: only nn.Sequential.forward is
+        # known to use it solely as the second's input.
+        container = overrides(type(parent), nn.Sequential, "forward")
+        container_reason = (
+            f"its container {_type_name(parent)} overrides nn.Sequential.forward(), which may use the "
+            "output of one apart from the other (fused, that output would change)"
+            if container
+            else None
+        )
         for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
             if attr in fused:
                 continue
@@ -331,7 +343,8 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
             name = _qualify(prefix, attr)
             with _naming(rule.name, name, m):
                 reason = (
-                    unsafe_to_replace(m)
+                    container_reason
+                    or unsafe_to_replace(m)
                     or _named(next_attr, unsafe_to_replace(nxt))
                     or rule.skip_reason(m, nxt)
                 )
@@ -343,13 +356,22 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
                     fused.update((attr, next_attr))
         return fused
 
+    # A module used in several places (one BatchNorm applied twice) gets one twin, put in every
+    # place, so that its state stays shared after the swap and after a conversion of the model.
+    twins: dict[int, nn.Module] = {}
+    visited: set[int] = set()
+
     def visit(parent: nn.Module, prefix: str) -> None:
-        children = list(parent.named_children())
+        # Every position, also a module's second one in this parent (named_children() skips it).
+        children = [(attr, m) for attr, m in parent._modules.items() if m is not None]
         fused = decide_pair(parent, prefix, children) if isinstance(parent, nn.Sequential) else set()
         for attr, m in children:
             if attr in fused:
                 continue
             name = _qualify(prefix, attr)
+            if id(m) in twins:
+                plan(parent, attr, name, m, twins[id(m)])
+                continue
             rule = next((r for r in single_rules if r.matches(m)), None)
             replaced = False
             if rule is not None:
@@ -358,9 +380,11 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
                     if reason is not None:
                         report.skipped.append(Skipped(name, _type_name(m), reason))
                     elif keep(m, name):
-                        plan(parent, attr, name, m, rule.replace(m))
+                        twins[id(m)] = rule.replace(m)
+                        plan(parent, attr, name, m, twins[id(m)])
                         replaced = True
-            if not replaced:  # a block left alone may still hold candidates of its own
+            if not replaced and id(m) not in visited:  # a block left alone may hold candidates
+                visited.add(id(m))
                 visit(m, name)
 
     visit(model, "")

@@ -118,6 +118,51 @@ def test_swap_keeps_train_eval_mode_and_subclasses() -> None:
     assert not model[0].training and not model[2].training
 
 
+class _Gated(nn.Sequential):
+    """A Sequential whose own forward uses its first child's output twice: ``gelu(l(x)) * l(x)``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[1](self[0](x)) * self[0](x)
+
+
+def test_linear_gelu_pair_is_not_fused_where_the_container_uses_the_linear_apart() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Gated(nn.Linear(5, 5), nn.GELU()), nn.Sequential(nn.Linear(5, 5), nn.GELU()))
+    x = torch.randn(4, 5)
+    want = model(x)
+    report = fastops.swap_modules(model)
+    assert type(model[0][0]) is nn.Linear  # the gated pair is kept: its GELU alone is swapped
+    assert type(model[0][1]) is fastops.nn.GELU
+    assert type(model[1][0]) is fastops.nn.LinearGELU  # a plain Sequential still fuses
+    [skipped] = [s for s in report.skipped if s.name == "0.0"]
+    assert "overrides nn.Sequential.forward()" in skipped.reason
+    torch.testing.assert_close(model(x), want)
+
+
+def test_one_module_in_several_places_stays_one_module() -> None:
+    """A BatchNorm used twice (one object, one set of running statistics) becomes one twin in both
+    places, so a conversion after the swap (the Trainer's .to(device)) keeps their state shared."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+    inner = nn.Sequential(bn, nn.ReLU())
+    stock = nn.Sequential(bn, nn.GELU(), bn, inner)  # bn at 0, 2 and in a second parent
+    model = copy.deepcopy(stock)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is fastops.nn.BatchNorm2d
+    assert model[0] is model[2] is model[3][0]
+    assert [r.name for r in report.replaced if r.new is model[0]] == ["0", "2", "3.0"]
+    model.double()
+    stock.double()
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(model(x), stock(x))
+    assert model[2].running_mean is model[0].running_mean
+    torch.testing.assert_close(model[2].running_mean, stock[2].running_mean)
+    torch.testing.assert_close(model[3][0].running_var, stock[3][0].running_var)
+    report.undo()
+    assert type(model[2]) is nn.BatchNorm2d and model[0] is model[2] is model[3][0]
+    torch.testing.assert_close(model[2].running_var, stock[2].running_var)
+
+
 def test_swap_main_job_model_matches_stock() -> None:
     torch.manual_seed(0)
     model = ConvNet(1, 10, image_size=16, width=8, dropout=0.0)
