@@ -17,8 +17,13 @@ def autocast_will_cast(x: object) -> bool:
     """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
     casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
     check before dispatch must not yet ask their dtypes to agree (a bf16 activation meets fp32
-    weights in every autocast model)."""
-    return isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+    weights in every autocast model). Only CPU and CUDA have such kernels; torch.is_autocast_enabled
+    raises for a device type without autocast (meta: shape-only calls, meta-device init)."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.device.type in ("cpu", "cuda")
+        and torch.is_autocast_enabled(x.device.type)
+    )
 
 
 def check_tensor(op: str, arg: str, value: object) -> torch.Tensor:
