@@ -5,7 +5,7 @@ class (a user can register rules for their own modules with :func:`register_swap
 
 * ``nn.GELU``, and modules that are GELU by contract (timm's ``GELU`` and ``GELUTanh``; add your
   own with :func:`fastops.nn.register_gelu_module`)            -> ``fastops.nn.GELU``
-* ``nn.BatchNorm2d`` (and subclasses that do not override ``forward``)
+* ``nn.BatchNorm2d`` (and subclasses that define nothing but a constructor)
                                                 -> ``fastops.nn.BatchNorm2d``, a subclass of it
                                                    sharing the Parameters and running statistics
 * timm's ``BatchNormAct2d`` (batch norm, then its ``drop`` and ``act`` children)
