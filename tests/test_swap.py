@@ -622,3 +622,44 @@ def test_global_module_hooks_see_depthwise_separable_conv2d_run() -> None:
     pw = model.pointwise
     torch.testing.assert_close(hooked, nn.functional.conv2d(2 * model.depthwise(x), pw.weight, pw.bias))
     torch.testing.assert_close(fused_again, plain)
+
+
+def test_swapped_modules_keep_the_stock_class_and_attributes() -> None:
+    """isinstance-based code (weight init, fusion, feature info) still finds the twins, with the
+    attributes of the module they replaced; a second swap finds nothing left to do."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(6, 6, 5, stride=2, padding=2, dilation=1, groups=6, bias=False),
+        nn.Sequential(nn.Linear(6, 8), nn.GELU()),
+        ConvMlp(),
+    )
+    stock = copy.deepcopy(model)
+    report = fastops.swap_modules(model)
+    conv, linear, pointwise = model[0], model[1][0], model[2].fc1
+    assert type(conv) is fastops.nn.DepthwiseConv2d and isinstance(conv, nn.Conv2d)
+    assert type(linear) is fastops.nn.LinearGELU and isinstance(linear, nn.Linear)
+    assert type(pointwise) is fastops.nn.PointwiseConvGELU and isinstance(pointwise, nn.Conv2d)
+    for ours, theirs in ((conv, stock[0]), (pointwise, stock[2].fc1)):
+        for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"):
+            assert getattr(ours, attr) == getattr(theirs, attr), attr
+        assert (ours.padding_mode, ours.transposed, ours.output_padding) == ("zeros", False, (0, 0))
+    assert (linear.in_features, linear.out_features) == (6, 8)
+    assert len(report) > 0 and not report.skipped
+    again = fastops.swap_modules(model)
+    assert len(again) == 0 and not again.skipped
+
+
+class ConvMlp(nn.Module):
+    """timm's Mlp with a 1x1 conv fc1 (use_conv=True)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(6, 12, 1)
+        self.act = nn.GELU()
+        self.drop1 = nn.Identity()
+        self.norm = nn.Identity()
+        self.fc2 = nn.Conv2d(12, 6, 1)
+        self.drop2 = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
