@@ -158,6 +158,11 @@ def _subclass_members(cls: type, base: type) -> list[str]:
 
 
 def _skip_reason(m: nn.BatchNorm2d) -> str | None:
+    # torch refuses eps <= 0 only when training; fastops.batch_norm always (it needs a finite
+    # float32 eps > 0), so a module with another eps keeps torch's kernel for its eval mode.
+    tiny = torch.finfo(torch.float32)
+    if not tiny.smallest_normal * tiny.eps <= m.eps <= tiny.max:
+        return f"eps={m.eps!r}: fastops.batch_norm needs a float32 eps > 0 (torch takes it in eval mode)"
     changed = overrides(type(m), nn.BatchNorm2d, "forward")
     if changed:
         return f"subclass of nn.BatchNorm2d overrides {', '.join(changed)}()"

@@ -78,12 +78,9 @@ def _check_args(
 
 
 def _check_momentum(op: str, momentum: object) -> float:
-    if (
-        isinstance(momentum, bool)
-        or not isinstance(momentum, numbers.Real)
-        or not 0.0 <= float(momentum) <= 1.0
-    ):
-        raise ValueError(f"fastops.{op}: expected momentum to be a number in [0, 1], got {momentum!r}")
+    # Any real number, as F.batch_norm takes it (the update is a lerp; 1.5 over-relaxes).
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+        raise TypeError(f"fastops.{op}: expected momentum to be a real number, got {momentum!r}")
     return float(momentum)
 
 
@@ -111,7 +108,7 @@ def batch_norm(
         running_mean, running_var: (C,) in x's dtype or float32 (float64 for float64 x), or None
             (then ``training`` must be True).
         weight, bias: (C,) as the running statistics, or None (1 and 0).
-        momentum: in [0, 1]. eps: a finite float > 0, held in the compute dtype (float32, or float64).
+        momentum: a real number, usually in [0, 1]. eps: a finite float > 0, held in the compute dtype (float32, or float64).
 
     The statistics and all arithmetic are float32 for fp16/bf16 x. Gradients flow to x, weight and
     bias, twice differentiable (the second derivative in PyTorch math). Under autocast it runs in the dtype that arrives,

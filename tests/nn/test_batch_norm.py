@@ -142,6 +142,22 @@ def _stats(m: nn.BatchNorm2d) -> tuple:
     return m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps
 
 
+def test_what_nn_batchnorm2d_accepts_works_after_a_swap() -> None:
+    """momentum outside [0, 1] runs as in torch; eps=0 (torch refuses it only when training) keeps
+    the stock module, with the reason."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5)
+    model = nn.Sequential(nn.BatchNorm2d(3, momentum=1.5), nn.BatchNorm2d(3, eps=0.0).eval())
+    stock = copy.deepcopy(model)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is fastops.nn.BatchNorm2d and type(model[1]) is nn.BatchNorm2d
+    assert [s.name for s in report.skipped] == ["1"] and "eps=0.0" in report.skipped[0].reason
+    model[0].backend = "fastops"
+    torch.testing.assert_close(model(x), stock(x))
+    torch.testing.assert_close(model[0].running_mean, stock[0].running_mean)
+    torch.testing.assert_close(model[0].running_var, stock[0].running_var)
+
+
 def test_undo_after_a_conversion_keeps_the_running_statistics() -> None:
     """model.double() (like .to(device)) gives the twin new buffer tensors; undo hands them back, so
     the restored nn.BatchNorm2d has the statistics of the steps taken, in the new dtype."""
