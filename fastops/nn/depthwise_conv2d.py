@@ -53,6 +53,12 @@ def tf_same_padding(
 _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 
 
+def _unbatched(x: object) -> bool:
+    """An unbatched (C, H, W) input, which nn.Conv2d takes: the modules run it as a batch of one
+    (the kernels, and the policy's shape rules, are for (N, C, H, W))."""
+    return isinstance(x, Tensor) and x.dim() == 3
+
+
 CUDA_BACKENDS = ("auto", "cudnn", "fastops")
 # The module's CUDA default, "auto": cuDNN (F.conv2d, named as the fallback it is) except where a GPU
 # run measured our kernels faster, forward and backward together: the CUDA region registered below.
@@ -125,6 +131,8 @@ class DepthwiseConv2d(nn.Conv2d):
         self.padding: tuple[int, int] | str = pads
 
     def forward(self, x: Tensor) -> Tensor:
+        if _unbatched(x):
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         if self._runs_torch(x):
             return F.conv2d(
                 x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels
@@ -208,6 +216,8 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
         super().__init__(channels, kernel_size, stride, 0, dilation, bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        if _unbatched(x):
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         if not (isinstance(x, Tensor) and x.dim() == 4):  # depthwise_conv2d names what was expected
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation)
         top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
