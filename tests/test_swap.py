@@ -663,3 +663,30 @@ class ConvMlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+_BAD_INPUTS = {
+    "batch_norm, wrong channels": (lambda: nn.BatchNorm2d(3), torch.randn(2, 4, 5, 5)),
+    "batch_norm, integer": (lambda: nn.BatchNorm2d(3), torch.ones(2, 3, 5, 5, dtype=torch.long)),
+    "depthwise, wrong channels": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(2, 4, 5, 5)),
+    "depthwise, integer": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.ones(2, 3, 5, 5, dtype=torch.long)),
+    "depthwise, complex": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.ones(2, 3, 5, 5, dtype=torch.cfloat)),
+    "depthwise, 5-D": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(1, 2, 3, 5, 5)),
+    "depthwise, 2-D": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(3, 5)),
+    "gelu, integer": (lambda: nn.GELU(), torch.ones(3, dtype=torch.long)),
+    "gelu, complex": (lambda: nn.GELU(), torch.ones(3, dtype=torch.cfloat)),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_INPUTS))
+def test_a_swapped_module_raises_what_the_stock_one_raises(case: str) -> None:
+    """Code that catches the stock module's error catches ours, which names fastops and the op."""
+    make, x = _BAD_INPUTS[case]
+    stock = make()
+    model = nn.Sequential(copy.deepcopy(stock))
+    assert len(fastops.swap_modules(model)) == 1
+    model[0].backend = "fastops"  # our kernels' checks, wherever the policy would send this input
+    with pytest.raises(Exception) as theirs:
+        stock(x)
+    with pytest.raises(type(theirs.value), match=r"^fastops\.\w+: "):
+        model(x)

@@ -13,6 +13,19 @@ import torch
 FLOATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# The errors for inputs the kernels cannot take, typed so that code written against PyTorch's own
+# ops still catches them: aten raises RuntimeError for a shape it cannot take (a wrong channel count,
+# a 5-D input to conv2d) and NotImplementedError (a RuntimeError) for a dtype it has no kernel for.
+# Each is also the ValueError / TypeError a Python API raises for such an argument.
+class ShapeError(ValueError, RuntimeError):
+    """An input of a shape the op does not take (a ValueError and, as in PyTorch, a RuntimeError)."""
+
+
+class DtypeError(TypeError, NotImplementedError):
+    """An input of a dtype the op does not take (a TypeError and, as in PyTorch, a
+    NotImplementedError, which is a RuntimeError)."""
+
+
 def autocast_will_cast(x: object) -> bool:
     """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
     casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
@@ -36,7 +49,7 @@ def check_floating(op: str, arg: str, t: torch.Tensor) -> None:
     ok = t.dtype in FLOATING_DTYPES or (t.dtype == torch.float64 and t.device.type == "cpu")
     if not ok:
         extra = " (or float64 on the CPU)" if t.device.type == "cpu" else ""
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected {arg} to be a float32, float16 or bfloat16 tensor{extra}, "
             f"got {t.dtype} on {t.device}"
         )

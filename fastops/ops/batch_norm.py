@@ -10,6 +10,8 @@ import torch
 from torch import Tensor
 
 from fastops.ops._validate import (
+    DtypeError,
+    ShapeError,
     check_floating,
     check_positive_fits_compute_type,
     check_tensor,
@@ -30,11 +32,11 @@ def _check_per_channel(op: str, arg: str, t: Tensor | None, x: Tensor) -> None:
         )
     allowed = dict.fromkeys((x.dtype, compute_dtype(x)))
     if t.dtype not in allowed:
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected {arg} to be {' or '.join(map(str, allowed))} (x is {x.dtype}), got {t.dtype}"
         )
     if t.dim() != 1 or t.shape[0] != x.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{op}: expected {arg} of shape [{x.shape[1]}] (one value per channel of x), "
             f"got {list(t.shape)}"
         )
@@ -53,7 +55,7 @@ def _check_args(
     """The op's one validator (eager path and fake kernel); the C++ kernels check the same."""
     check_floating(op, "x", x)
     if x.dim() < 2 or x.shape[1] == 0:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{op}: expected x to have at least 2 dims (N, C, ...) and at least one channel, "
             f"got shape {list(x.shape)}"
         )
