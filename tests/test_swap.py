@@ -690,3 +690,44 @@ def test_a_swapped_module_raises_what_the_stock_one_raises(case: str) -> None:
         stock(x)
     with pytest.raises(type(theirs.value), match=r"^fastops\.\w+: "):
         model(x)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        fastops.nn.BatchNorm2d(4),
+        fastops.nn.BatchNormAct2d(4, act=nn.ReLU()),
+        fastops.nn.GELU(),
+        fastops.nn.BiasGELU(4),
+        fastops.nn.LinearGELU(4, 4),
+        fastops.nn.PointwiseConvGELU(4, 4),
+        fastops.nn.DepthwiseConv2d(4, 3),
+        fastops.nn.DepthwiseConv2dSame(4, 3),
+        fastops.nn.DepthwiseSeparableConv2d(4, 4, 3),
+        fastops.nn.SqueezeExcite(4, 2),
+        fastops.nn.ClippedLog(),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_torch_jit_script_is_refused_naming_fastops_and_the_alternatives(module: nn.Module) -> None:
+    """TorchScript cannot compile our forwards; it failed with its own errors pointing into our
+    sources. The first line now names the module and points to trace / export."""
+    with pytest.raises(RuntimeError) as error:
+        torch.jit.script(nn.Sequential(nn.Identity(), module))
+    first = str(error.value).splitlines()[0]
+    assert first.startswith(f"fastops.nn.{type(module).__name__} cannot be compiled by torch.jit.script")
+    assert "torch.jit.trace" in first and "torch.export" in first
+
+
+def test_a_swapped_model_traces_where_script_is_refused() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.BatchNorm2d(4), nn.GELU()).eval()
+    torch.jit.script(model)  # the stock model scripts
+    fastops.swap_modules(model)
+    with pytest.raises(RuntimeError, match=r"^fastops\.nn\.DepthwiseConv2d cannot be compiled"):
+        torch.jit.script(model)
+    x = torch.randn(2, 4, 6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, x)
+    torch.testing.assert_close(traced(x), model(x))

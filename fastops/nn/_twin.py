@@ -12,10 +12,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
+
+
+def refuse_script(module: nn.Module) -> NoReturn:
+    """``__prepare_scriptable__`` of every fastops module: ``torch.jit.script`` calls it on each
+    submodule before compiling, so a scripted model that holds one fails with this message instead of
+    TorchScript's errors from inside our sources (their forwards call Python-registered custom ops
+    with Python checks, which TorchScript cannot compile)."""
+    raise RuntimeError(
+        f"fastops.nn.{type(module).__name__} cannot be compiled by torch.jit.script. Use torch.jit.trace "
+        "or torch.export (both record fastops' ops), or torch.compile; or script the model before "
+        "fastops.swap_modules, or after report.undo()."
+    )
 
 
 def share_parameters(

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import forward_mismatch, share_parameters
+from fastops.nn._twin import forward_mismatch, refuse_script, share_parameters
 from fastops.ops.batch_norm import batch_norm
 from fastops.swap import (
     SwapRule,
@@ -31,6 +31,8 @@ class BatchNorm2d(nn.BatchNorm2d):
     and train/eval behaviour; only the kernels differ (see :func:`fastops.batch_norm`). Being an
     ``nn.BatchNorm2d``, it is converted by ``nn.SyncBatchNorm.convert_sync_batchnorm`` like one.
     ``backend``: see :mod:`fastops.policy`."""
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"
     policy_ops = ("batch_norm",)

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from fastops import policy
+from fastops.nn._twin import refuse_script
 from fastops.ops._validate import check_positive_float
 from fastops.ops.clipped_log import clipped_log
 from fastops.reference.clipped_log import clipped_log as reference_clipped_log
@@ -17,6 +18,8 @@ class ClippedLog(nn.Module):
     """``y = log(clamp(x, min=eps))``; see :func:`fastops.clipped_log` for dtypes and gradients.
     ``backend``: see :mod:`fastops.policy` (under ``"auto"``, PyTorch's clamp and log run where they
     are measured faster)."""
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"  # see fastops.policy
     policy_ops = ("clipped_log",)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import forward_mismatch, share_parameters
+from fastops.nn._twin import forward_mismatch, refuse_script, share_parameters
 from fastops.ops._validate import int_pair, resolve_padding
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
 from fastops.swap import SwapRule, class_path, overrides, register_swap_rule
@@ -94,6 +94,8 @@ class DepthwiseConv2d(nn.Conv2d):
     ``"torch"``) picks the kernel as :mod:`fastops.policy` says: ``F.conv2d`` runs for the inputs
     where the benchmarks show it faster than ours.
     """
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     cuda_backend: str | None = None
     backend: str = "auto"

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import accept_state_dict_keys
+from fastops.nn._twin import accept_state_dict_keys, refuse_script
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d, _strided
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
 from fastops.swap import global_module_hooks
@@ -35,6 +35,8 @@ class DepthwiseSeparableConv2d(nn.Module):
     no fused kernel) runs the fastops depthwise kernel then the 1x1 through ATen (a GEMM on
     channels_last data): feed channels_last input for the fast path.
     """
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     def __init__(
         self,

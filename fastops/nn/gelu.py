@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fastops import policy
-from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_parameters
+from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, refuse_script, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
 from fastops.swap import (
@@ -78,6 +78,8 @@ class GELU(nn.Module):
     ``backend``: see :mod:`fastops.policy` (under ``"auto"``, ``F.gelu`` runs where it is measured
     faster)."""
 
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
+
     backend: str = "auto"
     policy_ops = ("gelu",)
 
@@ -109,6 +111,8 @@ class GELU(nn.Module):
 class BiasGELU(nn.Module):
     """``y = gelu(x + bias)`` over the last dimension of x, with a learnable ``bias`` of ``features``
     elements (initialised to zero); see :func:`fastops.bias_gelu`."""
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"  # see fastops.policy
     policy_ops = ("bias_gelu",)
@@ -146,6 +150,8 @@ class LinearGELU(nn.Linear):
     ``0.weight`` / ``0.bias``) also loads directly. Under autocast the matmul runs in the autocast
     dtype and the bias is cast to it, as ``F.linear`` does; the fused kernel then runs in that dtype.
     """
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"  # see fastops.policy
     policy_ops = ("gelu", "bias_gelu")
@@ -208,6 +214,8 @@ class PointwiseConvGELU(nn.Conv2d):
     output viewed channels-last, which is free for channels_last input (the conv then writes
     channels_last); NCHW input costs a copy.
     """
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"  # see fastops.policy
     policy_ops = ("gelu", "bias_gelu")

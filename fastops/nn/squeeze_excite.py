@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import share_parameters
+from fastops.nn._twin import refuse_script, share_parameters
 from fastops.ops.squeeze_excite import check_act, check_gate, squeeze_excite
 from fastops.swap import SwapRule, register_swap_rule, unsafe_to_replace
 
@@ -92,6 +92,8 @@ class SqueezeExcite(nn.Module):
     says: under ``"auto"``, the eager block (mean, the FC modules, ``x * scale``) runs for the inputs
     where the benchmarks show it faster than ours.
     """
+
+    __prepare_scriptable__ = refuse_script  # torch.jit.script: a clear refusal
 
     backend: str = "auto"
     policy_ops = ("squeeze_excite",)
