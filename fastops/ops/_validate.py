@@ -39,6 +39,17 @@ def autocast_will_cast(x: object) -> bool:
     )
 
 
+def under_torch_func() -> bool:
+    """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap, functional_call under them) runs
+    this call. The ops' autograd is C++ (a torch::autograd::Function: no Python on an eager call's
+    way), which functorch cannot transform, and they have no batching rules; under a transform each
+    op computes its plain-PyTorch definition (``fastops.reference``) instead, which functorch
+    differentiates and batches as it does stock PyTorch. The C flag first: 50 ns on an eager call.
+    Then is_compiling, since the flag reads True while dynamo traces (the traced graph then keeps
+    our op, whose fake kernel it needs)."""
+    return torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling()
+
+
 def check_tensor(op: str, arg: str, value: object) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"fastops.{op}: expected {arg} to be a torch.Tensor, got {type(value).__name__}")

@@ -9,6 +9,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
     DtypeError,
     ShapeError,
@@ -16,6 +17,7 @@ from fastops.ops._validate import (
     check_positive_fits_compute_type,
     check_tensor,
     compute_dtype,
+    under_torch_func,
     uses_channels_last,
 )
 
@@ -123,6 +125,8 @@ def batch_norm(
     check_tensor(_OP, "x", x)
     eps = _check_args(_OP, x, weight, bias, running_mean, running_var, bool(training), eps)
     momentum = _check_momentum(_OP, momentum)
+    if under_torch_func():  # F.batch_norm, which updates the running statistics itself
+        return reference.batch_norm(x, running_mean, running_var, weight, bias, bool(training), momentum, eps)
     y, mean, _, unbiased_var = torch.ops.fastops.batch_norm.default(
         x, weight, bias, running_mean, running_var, bool(training), eps
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
     DtypeError,
     IntPair,
@@ -17,6 +18,7 @@ from fastops.ops._validate import (
     conv_out_hw,
     int_pair,
     resolve_padding,
+    under_torch_func,
     uses_channels_last,
 )
 
@@ -60,6 +62,8 @@ def depthwise_conv2d(
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
     conv_out_hw(_OP, x.shape[2], x.shape[3], weight.shape[2:], s, p, d)
+    if under_torch_func():
+        return reference.depthwise_conv2d(x, weight, bias, s, p, d)
     return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
     DtypeError,
     IntPair,
@@ -17,6 +18,7 @@ from fastops.ops._validate import (
     conv_out_hw,
     int_pair,
     resolve_padding,
+    under_torch_func,
 )
 
 _OP = "depthwise_separable_conv2d"
@@ -61,6 +63,8 @@ def depthwise_separable_conv2d(
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
     conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], s, p, d)
+    if under_torch_func():
+        return reference.depthwise_separable_conv2d(x, dw_weight, dw_bias, pw_weight, pw_bias, s, p, d)
     return torch.ops.fastops.depthwise_separable_conv2d.default(
         x, dw_weight, dw_bias, pw_weight, pw_bias, list(s), list(p), list(d)
     )

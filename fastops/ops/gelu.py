@@ -7,7 +7,15 @@ import math
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import DtypeError, ShapeError, check_approximate, check_floating, check_tensor
+from fastops import reference
+from fastops.ops._validate import (
+    DtypeError,
+    ShapeError,
+    check_approximate,
+    check_floating,
+    check_tensor,
+    under_torch_func,
+)
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _TANH_C = 0.044715
@@ -55,6 +63,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     check_tensor("gelu", "x", x)
     check_floating("gelu", "x", x)
     approximate = check_approximate("gelu", approximate)
+    if under_torch_func():
+        return reference.gelu(x, approximate)
     return torch.ops.fastops.gelu.default(x, approximate)
 
 
@@ -82,6 +92,8 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
     check_floating("bias_gelu", "x", x)
     approximate = check_approximate("bias_gelu", approximate)
     _check_bias("bias_gelu", x, bias)
+    if under_torch_func():
+        return reference.bias_gelu(x, bias, approximate)
     return torch.ops.fastops.bias_gelu.default(x, bias, approximate)
 
 

@@ -18,12 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
     DtypeError,
     ShapeError,
     check_floating,
     check_tensor,
     compute_dtype,
+    under_torch_func,
     uses_channels_last,
 )
 
@@ -148,6 +150,8 @@ def squeeze_excite(
     fc2_bias))[:, :, None, None]`` (see ``fastops.reference.squeeze_excite``).
     """
     _check_inputs(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
+    if under_torch_func():
+        return reference.squeeze_excite(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
     return torch.ops.fastops.squeeze_excite.default(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
 
 
