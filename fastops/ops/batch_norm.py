@@ -69,6 +69,12 @@ def _check_args(
     ):
         _check_per_channel(op, arg, t, x)
     value = check_positive_fits_compute_type(op, "eps", eps, x)
+    if (running_mean is None) != (running_var is None):
+        # As F.batch_norm: one statistic without the other would be updated alone.
+        given = "running_mean" if running_var is None else "running_var"
+        raise ValueError(
+            f"fastops.{op}: expected running_mean and running_var both or neither, got only {given}"
+        )
     if training:
         if x.numel() != 0 and x.numel() // x.shape[1] <= 1:
             raise ValueError(

@@ -345,6 +345,12 @@ def test_rejects_bad_arguments() -> None:
         fastops.batch_norm(x, c3, c3, eps=0.0)
     with pytest.raises(ValueError, match=r"fastops\.batch_norm: eps=.* does not fit torch\.float32"):
         fastops.batch_norm(x, c3, c3, eps=1e39)
+    for stats in ((c3.clone(), None), (None, c3.clone())):  # F.batch_norm refuses these too
+        for training in (True, False):
+            with pytest.raises(
+                ValueError, match=r"fastops\.batch_norm: expected running_mean and running_var"
+            ):
+                fastops.batch_norm(x, *stats, training=training)
     with pytest.raises(TypeError, match=r"fastops\.batch_norm: expected momentum to be a real number"):
         fastops.batch_norm(x, c3, c3.clone(), training=True, momentum="0.1")  # type: ignore[arg-type]
     with FakeTensorMode() as mode, pytest.raises(ValueError, match=r"expected weight of shape \[3\]"):
