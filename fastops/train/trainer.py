@@ -224,16 +224,17 @@ class Trainer:
         else:
             raise TypeError(f"{expected}, got {type(data).__name__}")
         try:
-            batches = len(loader)  # type: ignore[arg-type]
+            # A Dataset's own length, the same on every rank (one rank's shard may be empty).
+            size = len(data if isinstance(data, Dataset) else loader)  # type: ignore[arg-type]
         except TypeError:  # a DataLoader over an IterableDataset without __len__
             raise TypeError(
                 f"{expected}; len() of this {type(data).__name__} fails: it has no length"
             ) from None
-        if batches == 0 and not train:
+        if size == 0 and not train:
             # Scored as loss 0 and accuracy 0, it would stop the run early and keep epoch 1's weights.
             raise ConfigError(
-                f"fastops.train: {name} is empty (no batch on this process): give it samples, or leave "
-                "it out (None) to score epochs on the training data"
+                f"fastops.train: {name} is empty: give it samples, or leave it out (None) to score "
+                "epochs on the training data"
             )
         return loader
 
