@@ -17,7 +17,8 @@ class (a user can register rules for their own modules with :func:`register_swap
   add your own with :func:`fastops.nn.register_same_padding_conv2d`)
                                                 -> ``fastops.nn.DepthwiseConv2dSame``
 * ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential`` (whose class does not
-  override ``forward``: such a forward may use the Linear's output apart from the GELU)
+  override ``forward``, and whose owner's forward only calls it: a forward that iterates or
+  indexes it, or an overridden one, may use the Linear's output apart from the GELU)
                                                 -> ``fastops.nn.LinearGELU`` at the Linear's index and
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
@@ -57,6 +58,10 @@ A swap never silently changes behaviour:
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -322,17 +327,20 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
         new.train(old.training)
         planned.append(Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new))
 
-    def decide_pair(parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]]) -> set[str]:
-        """Plan the pair rules over a Sequential's children; returns the attrs they fused."""
+    def decide_pair(
+        parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]], walked: str | None
+    ) -> set[str]:
+        """Plan the pair rules over a Sequential's children; returns the attrs they fused. ``walked``:
+        why the Sequential's owner may call its children one by one, or None."""
         fused: set[str] = set()
         # Fused, the first module's output is no longer there to see: only nn.Sequential.forward is
-        # known to use it solely as the second's input.
+        # known to use it solely as the second's input, and only when the Sequential is called whole.
         container = overrides(type(parent), nn.Sequential, "forward")
         container_reason = (
             f"its container {_type_name(parent)} overrides nn.Sequential.forward(), which may use the "
             "output of one apart from the other (fused, that output would change)"
             if container
-            else None
+            else walked
         )
         for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
             if attr in fused:
@@ -361,10 +369,11 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
     twins: dict[int, nn.Module] = {}
     visited: set[int] = set()
 
-    def visit(parent: nn.Module, prefix: str) -> None:
+    def visit(parent: nn.Module, prefix: str, walked: str | None = None) -> None:
         # Every position, also a module's second one in this parent (named_children() skips it).
         children = [(attr, m) for attr, m in parent._modules.items() if m is not None]
-        fused = decide_pair(parent, prefix, children) if isinstance(parent, nn.Sequential) else set()
+        is_sequential = isinstance(parent, nn.Sequential)
+        fused = decide_pair(parent, prefix, children, walked) if is_sequential else set()
         for attr, m in children:
             if attr in fused:
                 continue
@@ -385,7 +394,12 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
                         replaced = True
             if not replaced and id(m) not in visited:  # a block left alone may hold candidates
                 visited.add(id(m))
-                visit(m, name)
+                owner_walks = (
+                    _walked_reason(type(parent).forward, class_path(type(parent)), attr)
+                    if isinstance(m, nn.Sequential)
+                    else None
+                )
+                visit(m, name, owner_walks)
 
     visit(model, "")
     applied: list[Replacement] = []
@@ -399,6 +413,32 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
         raise
     report.replaced = applied
     return report
+
+
+@functools.lru_cache(maxsize=256)
+def _walked_reason(forward: Callable[..., Any], owner: str, attr: str) -> str | None:
+    """Why ``forward`` (of class ``owner``) may call the children of its Sequential ``attr`` one by one (to
+    collect intermediate features): it uses ``self.<attr>`` other than by calling it (iterates,
+    indexes or slices it), or None. Read from the forward's source (a forward without source, as
+    a compiled one, counts as calling it)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == attr
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and id(node) not in called
+        ):
+            return (
+                f"{owner}.forward uses self.{attr} other than by calling it, so it may see "
+                "the output of each child (fused, the first one's would change)"
+            )
+    return None
 
 
 def _named(child: str, reason: str | None) -> str | None:

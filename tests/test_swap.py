@@ -731,3 +731,34 @@ def test_a_swapped_model_traces_where_script_is_refused() -> None:
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(model, x)
     torch.testing.assert_close(traced(x), model(x))
+
+
+class _Features(nn.Module):
+    """Walks its Sequential child by child to collect every intermediate feature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(5, 6), nn.GELU(), nn.Linear(6, 4))
+        self.head = nn.Sequential(nn.Linear(4, 4), nn.GELU())  # called whole: fused
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        feats = []
+        for layer in self.features:
+            x = layer(x)
+            feats.append(x)
+        return [*feats, self.head(x)]
+
+
+def test_a_sequential_walked_child_by_child_keeps_its_intermediate_outputs() -> None:
+    torch.manual_seed(0)
+    model = _Features()
+    x = torch.randn(3, 5)
+    want = model(x)
+    report = fastops.swap_modules(model)
+    assert type(model.features[0]) is nn.Linear and type(model.head[0]) is fastops.nn.LinearGELU
+    [skipped] = [s for s in report.skipped if s.name == "features.0"]
+    assert "uses self.features other than by calling it" in skipped.reason
+    got = model(x)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
