@@ -9,8 +9,8 @@
 // backward calls the backward op below autograd too (one dispatcher hop, no Python).
 //
 // Double backward: with create_graph the backward op is called through autograd instead, where its
-// own registration (Python, fastops/ops/*.py: gelu'' and the clamp's second derivative) records the
-// graph (depthwise's and batch_norm's backward ops have none). Each op's fake kernel stays in Python, and
+// own registration (Python, fastops/ops/*.py: gelu'', the clamp's and batch norm's second derivatives) records the
+// graph (depthwise's backward ops have none). Each op's fake kernel stays in Python, and
 // its autocast rule where it was (Python, or csrc/autocast.cpp for depthwise).
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

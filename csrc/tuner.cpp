@@ -14,6 +14,7 @@
 #include <ATen/autocast_mode.h>
 #include <Python.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -76,8 +77,8 @@ PyObject* call_signature(PyObject* /*self*/, PyObject* const* args, Py_ssize_t n
 // cached_choice(module, x, counts): the whole per-call decision of a module that has decided on this
 // kind of input before, in one call (~0.1 us against ~0.7 us for the same steps in Python): True
 // (PyTorch's kernel; counts[op] += 1), False (ours), or None when Python must decide: a backend
-// other than "auto", FASTOPS_BACKEND set to anything but auto, no memo yet, or a kind of input the
-// module has not seen (fastops/policy.py, fastops/tuner.py).
+// other than "auto", FASTOPS_BACKEND set to anything but auto, a torch.func transform active, no
+// memo yet, or a kind of input the module has not seen (fastops/policy.py, fastops/tuner.py).
 PyObject* cached_choice(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "fastops._C.cached_choice: expected (module, x, counts)");
@@ -95,6 +96,9 @@ PyObject* cached_choice(PyObject* /*self*/, PyObject* const* args, Py_ssize_t na
   Py_DECREF(backend);
   const char* env = std::getenv("FASTOPS_BACKEND");
   if (!is_auto || (env != nullptr && std::strcmp(env, "auto") != 0)) Py_RETURN_NONE;
+  // Under torch.func transforms the modules run PyTorch's composition (fastops/policy.py); functorch
+  // includes its front-mode key in the thread's dispatch keys while a transform is active.
+  if (c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode)) Py_RETURN_NONE;
   PyObject* dict = PyObject_GenericGetDict(module, nullptr);
   if (dict == nullptr) return nullptr;
   PyObject* state = PyDict_GetItemWithError(dict, state_name);  // borrowed

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,16 @@ class TunedModule(nn.Module):
 
     backend: str = "auto"
     policy_ops: tuple[str, ...] = ()  # the ops whose kernel choices this module follows
+
+    def __prepare_scriptable__(self) -> NoReturn:
+        """``torch.jit.script`` calls this on each submodule before compiling, so a scripted model that
+        holds a fastops module fails with this message instead of TorchScript's errors from inside our
+        sources (the forwards call Python-registered custom ops with Python checks)."""
+        raise RuntimeError(
+            f"fastops.nn.{type(self).__name__} cannot be compiled by torch.jit.script. Use torch.jit.trace "
+            "or torch.export (both record fastops' ops), or torch.compile; or script the model before "
+            "fastops.swap_modules, or after report.undo()."
+        )
 
     def fastops_op(self) -> str:
         return self.policy_ops[0]
@@ -153,6 +163,10 @@ def runs_torch(module: TunedModule, x: Tensor) -> bool:
 
 
 def _decide(module: TunedModule, x: Tensor) -> bool:
+    if torch._C._are_functorch_transforms_active() and not _is_compiling():
+        # torch.func (grad, vjp, vmap, ...) transforms PyTorch's composition; our ops' autograd is
+        # C++ (a torch::autograd::Function), which functorch cannot transform. Not a fallback: no count.
+        return True
     backend = module.backend
     if backend == "auto":
         env = _env_backend()

@@ -5,7 +5,7 @@ class (a user can register rules for their own modules with :func:`register_swap
 
 * ``nn.GELU``, and modules that are GELU by contract (timm's ``GELU`` and ``GELUTanh``; add your
   own with :func:`fastops.nn.register_gelu_module`)            -> ``fastops.nn.GELU``
-* ``nn.BatchNorm2d`` (and subclasses that do not override ``forward``)
+* ``nn.BatchNorm2d`` (and subclasses that define nothing but a constructor)
                                                 -> ``fastops.nn.BatchNorm2d``, a subclass of it
                                                    sharing the Parameters and running statistics
 * timm's ``BatchNormAct2d`` (batch norm, then its ``drop`` and ``act`` children)
@@ -16,7 +16,9 @@ class (a user can register rules for their own modules with :func:`register_swap
 * depthwise convs with TensorFlow "same" padding computed per input size (timm's ``Conv2dSame``;
   add your own with :func:`fastops.nn.register_same_padding_conv2d`)
                                                 -> ``fastops.nn.DepthwiseConv2dSame``
-* ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential``
+* ``nn.Linear`` directly followed by a GELU inside an ``nn.Sequential`` (whose class does not
+  override ``forward``, and whose owner's forward only calls it: a forward that iterates or
+  indexes it, or an overridden one, may use the Linear's output apart from the GELU)
                                                 -> ``fastops.nn.LinearGELU`` at the Linear's index and
                                                    ``nn.Identity`` at the GELU's, so the indices, and
                                                    therefore the keys ``<seq>.<i>.weight``, stay put.
@@ -42,6 +44,8 @@ training done between swap and undo is kept.
 
 A swap never silently changes behaviour:
 
+* A module used in several places (one object) gets one twin, put in each place.
+
 * A candidate that carries its own hooks (forward, forward pre-, backward, state_dict), a
   parametrization (``torch.nn.utils.parametrize``), pruning (``weight_orig`` / ``weight_mask``) or
   ``weight_norm`` / ``spectral_norm`` is left alone and listed in ``report.skipped``: those were
@@ -54,6 +58,10 @@ A swap never silently changes behaviour:
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -326,9 +334,21 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
         new.train(old.training)
         planned.append(Replacement(name, _type_name(old), _type_name(new), parent, attr, old, new))
 
-    def decide_pair(parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]]) -> set[str]:
-        """Plan the pair rules over a Sequential's children; returns the attrs they fused."""
+    def decide_pair(
+        parent: nn.Module, prefix: str, children: list[tuple[str, nn.Module]], walked: str | None
+    ) -> set[str]:
+        """Plan the pair rules over a Sequential's children; returns the attrs they fused. ``walked``:
+        why the Sequential's owner may call its children one by one, or None."""
         fused: set[str] = set()
+        # Fused, the first module's output is no longer there to see: only nn.Sequential.forward is
+        # known to use it solely as the second's input, and only when the Sequential is called whole.
+        container = overrides(type(parent), nn.Sequential, "forward")
+        container_reason = (
+            f"its container {_type_name(parent)} overrides nn.Sequential.forward(), which may use the "
+            "output of one apart from the other (fused, that output would change)"
+            if container
+            else walked
+        )
         for (attr, m), (next_attr, nxt) in zip(children, children[1:], strict=False):
             if attr in fused:
                 continue
@@ -338,7 +358,8 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
             name = _qualify(prefix, attr)
             with _naming(rule.name, name, m):
                 reason = (
-                    unsafe_to_replace(m)
+                    container_reason
+                    or unsafe_to_replace(m)
                     or _named(next_attr, unsafe_to_replace(nxt))
                     or rule.skip_reason(m, nxt)
                 )
@@ -350,13 +371,23 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
                     fused.update((attr, next_attr))
         return fused
 
-    def visit(parent: nn.Module, prefix: str) -> None:
-        children = list(parent.named_children())
-        fused = decide_pair(parent, prefix, children) if isinstance(parent, nn.Sequential) else set()
+    # A module used in several places (one BatchNorm applied twice) gets one twin, put in every
+    # place, so that its state stays shared after the swap and after a conversion of the model.
+    twins: dict[int, nn.Module] = {}
+    visited: set[int] = set()
+
+    def visit(parent: nn.Module, prefix: str, walked: str | None = None) -> None:
+        # Every position, also a module's second one in this parent (named_children() skips it).
+        children = [(attr, m) for attr, m in parent._modules.items() if m is not None]
+        is_sequential = isinstance(parent, nn.Sequential)
+        fused = decide_pair(parent, prefix, children, walked) if is_sequential else set()
         for attr, m in children:
             if attr in fused:
                 continue
             name = _qualify(prefix, attr)
+            if id(m) in twins:
+                plan(parent, attr, name, m, twins[id(m)])
+                continue
             rule = next((r for r in single_rules if r.matches(m)), None)
             replaced = False
             if rule is not None:
@@ -365,10 +396,17 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
                     if reason is not None:
                         report.skipped.append(Skipped(name, _type_name(m), reason))
                     elif keep(m, name):
-                        plan(parent, attr, name, m, rule.replace(m))
+                        twins[id(m)] = rule.replace(m)
+                        plan(parent, attr, name, m, twins[id(m)])
                         replaced = True
-            if not replaced:  # a block left alone may still hold candidates of its own
-                visit(m, name)
+            if not replaced and id(m) not in visited:  # a block left alone may hold candidates
+                visited.add(id(m))
+                owner_walks = (
+                    _walked_reason(type(parent).forward, class_path(type(parent)), attr)
+                    if isinstance(m, nn.Sequential)
+                    else None
+                )
+                visit(m, name, owner_walks)
 
     visit(model, "")
     applied: list[Replacement] = []
@@ -382,6 +420,32 @@ def swap_modules(model: nn.Module, *, filter_fn: FilterFn | None = None) -> Swap
         raise
     report.replaced = applied
     return report
+
+
+@functools.lru_cache(maxsize=256)
+def _walked_reason(forward: Callable[..., Any], owner: str, attr: str) -> str | None:
+    """Why ``forward`` (of class ``owner``) may call the children of its Sequential ``attr`` one by one (to
+    collect intermediate features): it uses ``self.<attr>`` other than by calling it (iterates,
+    indexes or slices it), or None. Read from the forward's source (a forward without source, as
+    a compiled one, counts as calling it)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == attr
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and id(node) not in called
+        ):
+            return (
+                f"{owner}.forward uses self.{attr} other than by calling it, so it may see "
+                "the output of each child (fused, the first one's would change)"
+            )
+    return None
 
 
 def _named(child: str, reason: str | None) -> str | None:

@@ -576,8 +576,15 @@ def _measure(module: policy.TunedModule, x: Tensor, training: bool) -> dict[str,
         ours, theirs = step(module._fastops_forward), step(module._torch_forward)
         try:
             our_out = ours()
-        except Exception:  # noqa: BLE001  (the real call raises it, with our message)
-            return None
+        except Exception as error:  # noqa: BLE001
+            try:
+                theirs()
+            except Exception:  # noqa: BLE001  (both refuse it: the real call raises ours, with our words)
+                return None
+            # PyTorch takes what our kernel cannot (float64 on CUDA, say): the module does as the one
+            # it replaced, on PyTorch's kernel, a fallback named as one.
+            why = f"fastops' kernel raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            return _finish({"choice": "torch", "fastops_us": None, "torch_us": None, "why": why}, started)
         try:
             their_out = theirs()
         except Exception as error:  # noqa: BLE001  (PyTorch cannot run it here: deterministic mode, a dtype)

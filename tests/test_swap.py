@@ -118,6 +118,51 @@ def test_swap_keeps_train_eval_mode_and_subclasses() -> None:
     assert not model[0].training and not model[2].training
 
 
+class _Gated(nn.Sequential):
+    """A Sequential whose own forward uses its first child's output twice: ``gelu(l(x)) * l(x)``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[1](self[0](x)) * self[0](x)
+
+
+def test_linear_gelu_pair_is_not_fused_where_the_container_uses_the_linear_apart() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_Gated(nn.Linear(5, 5), nn.GELU()), nn.Sequential(nn.Linear(5, 5), nn.GELU()))
+    x = torch.randn(4, 5)
+    want = model(x)
+    report = fastops.swap_modules(model)
+    assert type(model[0][0]) is nn.Linear  # the gated pair is kept: its GELU alone is swapped
+    assert type(model[0][1]) is fastops.nn.GELU
+    assert type(model[1][0]) is fastops.nn.LinearGELU  # a plain Sequential still fuses
+    [skipped] = [s for s in report.skipped if s.name == "0.0"]
+    assert "overrides nn.Sequential.forward()" in skipped.reason
+    torch.testing.assert_close(model(x), want)
+
+
+def test_one_module_in_several_places_stays_one_module() -> None:
+    """A BatchNorm used twice (one object, one set of running statistics) becomes one twin in both
+    places, so a conversion after the swap (the Trainer's .to(device)) keeps their state shared."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+    inner = nn.Sequential(bn, nn.ReLU())
+    stock = nn.Sequential(bn, nn.GELU(), bn, inner)  # bn at 0, 2 and in a second parent
+    model = copy.deepcopy(stock)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is fastops.nn.BatchNorm2d
+    assert model[0] is model[2] is model[3][0]
+    assert [r.name for r in report.replaced if r.new is model[0]] == ["0", "2", "3.0"]
+    model.double()
+    stock.double()
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(model(x), stock(x))
+    assert model[2].running_mean is model[0].running_mean
+    torch.testing.assert_close(model[2].running_mean, stock[2].running_mean)
+    torch.testing.assert_close(model[3][0].running_var, stock[3][0].running_var)
+    report.undo()
+    assert type(model[2]) is nn.BatchNorm2d and model[0] is model[2] is model[3][0]
+    torch.testing.assert_close(model[2].running_var, stock[2].running_var)
+
+
 def test_swap_main_job_model_matches_stock() -> None:
     torch.manual_seed(0)
     model = ConvNet(1, 10, image_size=16, width=8, dropout=0.0)
@@ -577,3 +622,143 @@ def test_global_module_hooks_see_depthwise_separable_conv2d_run() -> None:
     pw = model.pointwise
     torch.testing.assert_close(hooked, nn.functional.conv2d(2 * model.depthwise(x), pw.weight, pw.bias))
     torch.testing.assert_close(fused_again, plain)
+
+
+def test_swapped_modules_keep_the_stock_class_and_attributes() -> None:
+    """isinstance-based code (weight init, fusion, feature info) still finds the twins, with the
+    attributes of the module they replaced; a second swap finds nothing left to do."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(6, 6, 5, stride=2, padding=2, dilation=1, groups=6, bias=False),
+        nn.Sequential(nn.Linear(6, 8), nn.GELU()),
+        ConvMlp(),
+    )
+    stock = copy.deepcopy(model)
+    report = fastops.swap_modules(model)
+    conv, linear, pointwise = model[0], model[1][0], model[2].fc1
+    assert type(conv) is fastops.nn.DepthwiseConv2d and isinstance(conv, nn.Conv2d)
+    assert type(linear) is fastops.nn.LinearGELU and isinstance(linear, nn.Linear)
+    assert type(pointwise) is fastops.nn.PointwiseConvGELU and isinstance(pointwise, nn.Conv2d)
+    for ours, theirs in ((conv, stock[0]), (pointwise, stock[2].fc1)):
+        for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"):
+            assert getattr(ours, attr) == getattr(theirs, attr), attr
+        assert (ours.padding_mode, ours.transposed, ours.output_padding) == ("zeros", False, (0, 0))
+    assert (linear.in_features, linear.out_features) == (6, 8)
+    assert len(report) > 0 and not report.skipped
+    again = fastops.swap_modules(model)
+    assert len(again) == 0 and not again.skipped
+
+
+class ConvMlp(nn.Module):
+    """timm's Mlp with a 1x1 conv fc1 (use_conv=True)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(6, 12, 1)
+        self.act = nn.GELU()
+        self.drop1 = nn.Identity()
+        self.norm = nn.Identity()
+        self.fc2 = nn.Conv2d(12, 6, 1)
+        self.drop2 = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+_BAD_INPUTS = {
+    "batch_norm, wrong channels": (lambda: nn.BatchNorm2d(3), torch.randn(2, 4, 5, 5)),
+    "batch_norm, integer": (lambda: nn.BatchNorm2d(3), torch.ones(2, 3, 5, 5, dtype=torch.long)),
+    "depthwise, wrong channels": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(2, 4, 5, 5)),
+    "depthwise, integer": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.ones(2, 3, 5, 5, dtype=torch.long)),
+    "depthwise, complex": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.ones(2, 3, 5, 5, dtype=torch.cfloat)),
+    "depthwise, 5-D": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(1, 2, 3, 5, 5)),
+    "depthwise, 2-D": (lambda: nn.Conv2d(3, 3, 3, groups=3), torch.randn(3, 5)),
+    "gelu, integer": (lambda: nn.GELU(), torch.ones(3, dtype=torch.long)),
+    "gelu, complex": (lambda: nn.GELU(), torch.ones(3, dtype=torch.cfloat)),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_INPUTS))
+def test_a_swapped_module_raises_what_the_stock_one_raises(case: str) -> None:
+    """Code that catches the stock module's error catches ours, which names fastops and the op."""
+    make, x = _BAD_INPUTS[case]
+    stock = make()
+    model = nn.Sequential(copy.deepcopy(stock))
+    assert len(fastops.swap_modules(model)) == 1
+    model[0].backend = "fastops"  # our kernels' checks, wherever the policy would send this input
+    with pytest.raises(Exception) as theirs:
+        stock(x)
+    with pytest.raises(type(theirs.value), match=r"^fastops\.\w+: "):
+        model(x)
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        fastops.nn.BatchNorm2d(4),
+        fastops.nn.BatchNormAct2d(4, act=nn.ReLU()),
+        fastops.nn.GELU(),
+        fastops.nn.BiasGELU(4),
+        fastops.nn.LinearGELU(4, 4),
+        fastops.nn.PointwiseConvGELU(4, 4),
+        fastops.nn.DepthwiseConv2d(4, 3),
+        fastops.nn.DepthwiseConv2dSame(4, 3),
+        fastops.nn.DepthwiseSeparableConv2d(4, 4, 3),
+        fastops.nn.SqueezeExcite(4, 2),
+        fastops.nn.ClippedLog(),
+    ],
+    ids=lambda m: type(m).__name__,
+)
+def test_torch_jit_script_is_refused_naming_fastops_and_the_alternatives(module: nn.Module) -> None:
+    """TorchScript cannot compile our forwards; it failed with its own errors pointing into our
+    sources. The first line now names the module and points to trace / export."""
+    with pytest.raises(RuntimeError) as error:
+        torch.jit.script(nn.Sequential(nn.Identity(), module))
+    first = str(error.value).splitlines()[0]
+    assert first.startswith(f"fastops.nn.{type(module).__name__} cannot be compiled by torch.jit.script")
+    assert "torch.jit.trace" in first and "torch.export" in first
+
+
+def test_a_swapped_model_traces_where_script_is_refused() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 4, 3, groups=4), nn.BatchNorm2d(4), nn.GELU()).eval()
+    torch.jit.script(model)  # the stock model scripts
+    fastops.swap_modules(model)
+    with pytest.raises(RuntimeError, match=r"^fastops\.nn\.DepthwiseConv2d cannot be compiled"):
+        torch.jit.script(model)
+    x = torch.randn(2, 4, 6, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model, x)
+    torch.testing.assert_close(traced(x), model(x))
+
+
+class _Features(nn.Module):
+    """Walks its Sequential child by child to collect every intermediate feature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(nn.Linear(5, 6), nn.GELU(), nn.Linear(6, 4))
+        self.head = nn.Sequential(nn.Linear(4, 4), nn.GELU())  # called whole: fused
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        feats = []
+        for layer in self.features:
+            x = layer(x)
+            feats.append(x)
+        return [*feats, self.head(x)]
+
+
+def test_a_sequential_walked_child_by_child_keeps_its_intermediate_outputs() -> None:
+    torch.manual_seed(0)
+    model = _Features()
+    x = torch.randn(3, 5)
+    want = model(x)
+    report = fastops.swap_modules(model)
+    assert type(model.features[0]) is nn.Linear and type(model.head[0]) is fastops.nn.LinearGELU
+    [skipped] = [s for s in report.skipped if s.name == "features.0"]
+    assert "uses self.features other than by calling it" in skipped.reason
+    got = model(x)
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)

@@ -325,6 +325,22 @@ def test_our_error_reaches_the_caller_and_nothing_is_cached() -> None:
     assert not tuner.CACHE.all_entries()
 
 
+class _OursRefuses(_RandomTwin):
+    def _fastops_forward(self, x: Tensor) -> Tensor:
+        raise RuntimeError("fastops.gelu: expected x to be float32, got a dtype it has no kernel for")
+
+
+def test_what_pytorch_takes_and_ours_refuses_runs_pytorch() -> None:
+    """As the module it replaced: a kind of input only PyTorch's kernel takes (float64 on CUDA, say)
+    runs PyTorch's, as a counted fallback that says why."""
+    m = _OursRefuses()
+    with tuner.use_timer(FakeTimer(1.0, 2.0)):
+        assert torch.equal(m(torch.ones(3)), torch.ones(3))
+    (record,) = m.__dict__[policy.STATE_ATTR].records.values()
+    assert record.choice and "fastops' kernel raised RuntimeError: fastops.gelu" in record.entry["why"]
+    assert policy.fallback_counts()["gelu"] == 1
+
+
 def test_backend_and_environment_override_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     m = GELU()
     timer = FakeTimer(1.0, 2.0)

@@ -150,9 +150,36 @@ def _norm_act_skip_reason(m: nn.BatchNorm2d) -> str | None:
     return None if reason is None else f"registered as batch norm -> drop -> act, but {reason}"
 
 
+# What every class body defines: not behaviour a twin could lose.
+_CLASS_METADATA = {
+    "__module__", "__qualname__", "__doc__", "__dict__", "__weakref__", "__annotations__",
+    "__firstlineno__", "__static_attributes__", "__orig_bases__", "__parameters__", "__init__",
+}  # fmt: skip
+
+
+def _subclass_members(cls: type, base: type) -> list[str]:
+    """What the classes between ``cls`` and ``base`` define (methods, properties, class attributes),
+    besides their constructors: behaviour that a twin of ``base``'s would not have."""
+    names: dict[str, None] = {}
+    for klass in cls.__mro__[: cls.__mro__.index(base)]:
+        names.update(dict.fromkeys(n for n in vars(klass) if n not in _CLASS_METADATA))
+    return list(names)
+
+
 def _skip_reason(m: nn.BatchNorm2d) -> str | None:
+    # torch refuses eps <= 0 only when training; fastops.batch_norm always (it needs a finite
+    # float32 eps > 0), so a module with another eps keeps torch's kernel for its eval mode.
+    tiny = torch.finfo(torch.float32)
+    if not tiny.smallest_normal * tiny.eps <= m.eps <= tiny.max:
+        return f"eps={m.eps!r}: fastops.batch_norm needs a float32 eps > 0 (torch takes it in eval mode)"
     changed = overrides(type(m), nn.BatchNorm2d, "forward")
-    return f"subclass of nn.BatchNorm2d overrides {', '.join(changed)}()" if changed else None
+    if changed:
+        return f"subclass of nn.BatchNorm2d overrides {', '.join(changed)}()"
+    # Its own methods (a freeze(), a _check_input_dim that takes 3-D input) would be gone.
+    members = _subclass_members(type(m), nn.BatchNorm2d)
+    if members:
+        return f"subclass of nn.BatchNorm2d defines {', '.join(members)}, which the twin would not have"
+    return None
 
 
 # Before the BatchNorm2d rule: these are nn.BatchNorm2d subclasses too, which it would skip.

@@ -4,9 +4,7 @@ Conv2dSame); and the swap rule for depthwise nn.Conv2d and its subclasses."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,10 +52,18 @@ def tf_same_padding(
 _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 
 
-class DepthwiseConv2d(policy.TunedModule):
+def _unbatched(x: object) -> bool:
+    """An unbatched (C, H, W) input, which nn.Conv2d takes: the modules run it as a batch of one
+    (the kernels are for (N, C, H, W))."""
+    return isinstance(x, Tensor) and x.dim() == 3
+
+
+class DepthwiseConv2d(policy.TunedModule, nn.Conv2d):
     """``nn.Conv2d(channels, channels, kernel_size, stride, padding, dilation, groups=channels, bias=bias)``
-    on fastops kernels. Parameters ``weight`` (C, 1, kh, kw) and ``bias`` (C,) are named, shaped and
-    initialized as nn.Conv2d's, so state dicts load both ways; see :func:`fastops.depthwise_conv2d`.
+    on fastops kernels. An ``nn.Conv2d`` subclass with its attributes (``in_channels``,
+    ``out_channels``, ``groups``, ``padding_mode``, ...), so code that finds convs by ``isinstance``
+    still finds it; its parameters ``weight`` (C, 1, kh, kw) and ``bias`` (C,) are nn.Conv2d's, so
+    state dicts load both ways; see :func:`fastops.depthwise_conv2d`.
 
     ``backend`` (``"auto"``, ``"fastops"`` or ``"torch"``, on every device) picks the kernel as
     :mod:`fastops.policy` says: under ``"auto"``, ``F.conv2d`` (oneDNN, cuDNN) runs for the inputs
@@ -77,31 +83,30 @@ class DepthwiseConv2d(policy.TunedModule):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
         if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
             raise ValueError(
                 f"fastops.nn.DepthwiseConv2d: expected channels to be an int >= 1, got {channels!r}"
             )
-        self.channels = channels
-        self.kernel_size = int_pair(_OP, "kernel_size", kernel_size, 1)
-        self.stride = int_pair(_OP, "stride", stride, 1)
-        self.dilation = int_pair(_OP, "dilation", dilation, 1)
-        self.padding: tuple[int, int] | str = (
-            padding if isinstance(padding, str) else int_pair(_OP, "padding", padding, 0)
+        # Checked here first, so that a bad argument is named as fastops names it.
+        kernel = int_pair(_OP, "kernel_size", kernel_size, 1)
+        strides = int_pair(_OP, "stride", stride, 1)
+        dilations = int_pair(_OP, "dilation", dilation, 1)
+        pads = padding if isinstance(padding, str) else int_pair(_OP, "padding", padding, 0)
+        resolve_padding(_OP, pads, kernel, strides, dilations)  # validates "same"
+        # nn.Conv2d's constructor: its attributes, and its initialization of weight and bias.
+        super().__init__(
+            channels, channels, kernel, strides, pads, dilations, channels, bias, "zeros", device, dtype
         )
-        resolve_padding(_OP, self.padding, self.kernel_size, self.stride, self.dilation)  # validates "same"
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(channels, 1, *self.kernel_size, **factory))
-        self.bias = nn.Parameter(torch.empty(channels, **factory)) if bias else None
-        if not self.weight.is_meta:
-            self.reset_parameters()
+        self.channels = channels
+        self.kernel_size: tuple[int, int] = kernel
+        self.stride: tuple[int, int] = strides
+        self.dilation: tuple[int, int] = dilations
+        self.padding: tuple[int, int] | str = pads
 
-    def reset_parameters(self) -> None:
-        # nn.Conv2d's initialization, so a fresh module draws from the same distribution.
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            bound = 1.0 / math.sqrt(self.kernel_size[0] * self.kernel_size[1])
-            nn.init.uniform_(self.bias, -bound, bound)
+    def forward(self, x: Tensor) -> Tensor:
+        if _unbatched(x):
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        return super().forward(x)  # TunedModule's: ours or F.conv2d, as measured
 
     def fastops_details(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}, dilation={self.dilation}"
@@ -167,6 +172,8 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
         super().__init__(channels, kernel_size, stride, 0, dilation, bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        if _unbatched(x):
+            return self.forward(x.unsqueeze(0)).squeeze(0)
         if not (isinstance(x, Tensor) and x.dim() == 4):  # depthwise_conv2d names what was expected
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, 0, self.dilation)
         return super().forward(x)
@@ -211,8 +218,13 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
 
 
 def _is_depthwise(m: nn.Module) -> bool:
-    # Subclasses too: their forward is checked in _skip_reason, and they are reported if skipped.
-    return isinstance(m, nn.Conv2d) and m.groups == m.in_channels == m.out_channels
+    # Subclasses too: their forward is checked in _skip_reason, and they are reported if skipped;
+    # not fastops' own modules (DepthwiseConv2d, PointwiseConvGELU), nn.Conv2d subclasses as well.
+    return (
+        isinstance(m, nn.Conv2d)
+        and not type(m).__module__.startswith("fastops.")
+        and m.groups == m.in_channels == m.out_channels
+    )
 
 
 def _same_padding_class(conv: nn.Conv2d) -> bool:

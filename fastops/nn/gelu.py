@@ -4,9 +4,6 @@ in an nn.Sequential, and Mlp blocks (timm's Mlp)."""
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -78,6 +75,7 @@ def _gelu_skip_reason(m: nn.Module) -> str | None:
 
 
 _GELU_OP = torch.ops.fastops.gelu.default
+_KERNEL_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 
 
 class GELU(policy.TunedModule):
@@ -111,7 +109,9 @@ class GELU(policy.TunedModule):
         # form was checked when the module was built): this is the smallest op, where a call costs most.
         if runs_torch(self, x):
             return F.gelu(x, approximate=self.approximate)
-        return _GELU_OP(x, self.approximate)
+        if x.dtype in _KERNEL_DTYPES:
+            return _GELU_OP(x, self.approximate)
+        return gelu(x, self.approximate)  # fp64, or a dtype it names as unsupported
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
         return gelu(x, self.approximate)
@@ -157,14 +157,15 @@ class BiasGELU(policy.TunedModule):
         return f"features={self.features}, approximate={self.approximate!r}"
 
 
-class LinearGELU(policy.TunedModule):
+class LinearGELU(policy.TunedModule, nn.Linear):
     """``gelu(x @ weight.T + bias)``: a Linear without its bias add, followed by the fused bias+GELU.
 
-    ``weight`` (out_features, in_features) and ``bias`` (out_features) are named, shaped and
-    initialised as in ``torch.nn.Linear``, so ``state_dict`` keys match a Linear's. A checkpoint of
-    ``nn.Sequential(nn.Linear, nn.GELU)`` (keys ``0.weight`` / ``0.bias``) also loads directly.
-    Under autocast the matmul runs in the autocast dtype and the bias is cast to it, as
-    ``F.linear`` does; the fused kernel then runs in that dtype.
+    An ``nn.Linear`` subclass (its constructor's arguments, then ``approximate``), so ``weight``
+    (out_features, in_features) and ``bias`` (out_features) are named, shaped and initialised as
+    in ``torch.nn.Linear``, ``state_dict`` keys match a Linear's, and code that finds Linears by
+    ``isinstance`` still finds it. A checkpoint of ``nn.Sequential(nn.Linear, nn.GELU)`` (keys
+    ``0.weight`` / ``0.bias``) also loads directly. Under autocast the matmul runs in the autocast
+    dtype and the bias is cast to it, as ``F.linear`` does; the fused kernel then runs in that dtype.
     """
 
     policy_ops = ("gelu", "bias_gelu")
@@ -178,27 +179,11 @@ class LinearGELU(policy.TunedModule):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        self.approximate = check_approximate("nn.LinearGELU", approximate)
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        if bias:
-            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_features, **factory))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        approximate = check_approximate("nn.LinearGELU", approximate)
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.approximate = approximate
         # nn.Sequential(nn.Linear, nn.GELU) checkpoints: "<prefix>0.weight" -> "<prefix>weight".
         accept_state_dict_keys(self, {"0.": ""})
-
-    def reset_parameters(self) -> None:
-        """nn.Linear's initialisation."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.weight.shape[1]
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            nn.init.uniform_(self.bias, -bound, bound)
 
     @classmethod
     def from_torch(cls, linear: nn.Linear, gelu_module: nn.Module) -> LinearGELU:
@@ -239,13 +224,14 @@ class LinearGELU(policy.TunedModule):
         )
 
 
-class PointwiseConvGELU(policy.TunedModule):
+class PointwiseConvGELU(policy.TunedModule, nn.Conv2d):
     """``gelu(conv2d(x, weight) + bias)`` with a 1x1 kernel: a 1x1 ``nn.Conv2d`` (stride 1, no padding,
     groups 1) without its bias add, followed by the fused bias+GELU over the channels.
 
-    ``weight`` (out_channels, in_channels, 1, 1) and ``bias`` (out_channels) are named, shaped and
-    initialised as nn.Conv2d's. The bias+GELU runs on the output viewed channels-last, which is
-    free for channels_last input (the conv then writes channels_last); NCHW input costs a copy.
+    An ``nn.Conv2d`` subclass: ``weight`` (out_channels, in_channels, 1, 1) and ``bias``
+    (out_channels) are named, shaped and initialised as nn.Conv2d's. The bias+GELU runs on the
+    output viewed channels-last, which is free for channels_last input (the conv then writes
+    channels_last); NCHW input costs a copy.
     """
 
     policy_ops = ("gelu", "bias_gelu")
@@ -259,24 +245,9 @@ class PointwiseConvGELU(policy.TunedModule):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.approximate = check_approximate("nn.PointwiseConvGELU", approximate)
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, 1, 1, **factory))
-        if bias:
-            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(out_channels, **factory))
-        else:
-            self.register_parameter("bias", None)
-        if not self.weight.is_meta:
-            self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """nn.Conv2d's initialisation (fan_in = in_channels for a 1x1 kernel)."""
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            nn.init.uniform_(self.bias, -1 / math.sqrt(self.in_channels), 1 / math.sqrt(self.in_channels))
+        approximate = check_approximate("nn.PointwiseConvGELU", approximate)
+        super().__init__(in_channels, out_channels, 1, bias=bias, device=device, dtype=dtype)
+        self.approximate = approximate
 
     @classmethod
     def from_torch(cls, conv: nn.Conv2d, gelu_module: nn.Module) -> PointwiseConvGELU:
@@ -434,7 +405,11 @@ register_swap_rule(
 register_swap_rule(
     PairRule(
         "linear_gelu",
-        matches=lambda first, second: isinstance(first, nn.Linear) and gelu_approximate(second) is not None,
+        matches=lambda first, second: (
+            isinstance(first, nn.Linear)
+            and not isinstance(first, LinearGELU)  # ours is an nn.Linear too, its GELU already fused
+            and gelu_approximate(second) is not None
+        ),
         replace=LinearGELU.from_torch,
         skip_reason=lambda first, second: (
             f"subclass of nn.Linear overrides {', '.join(overrides(type(first), nn.Linear, 'forward'))}()"

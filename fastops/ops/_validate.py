@@ -13,12 +13,41 @@ import torch
 FLOATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# The errors for inputs the kernels cannot take, typed so that code written against PyTorch's own
+# ops still catches them: aten raises RuntimeError for a shape it cannot take (a wrong channel count,
+# a 5-D input to conv2d) and NotImplementedError (a RuntimeError) for a dtype it has no kernel for.
+# Each is also the ValueError / TypeError a Python API raises for such an argument.
+class ShapeError(ValueError, RuntimeError):
+    """An input of a shape the op does not take (a ValueError and, as in PyTorch, a RuntimeError)."""
+
+
+class DtypeError(TypeError, NotImplementedError):
+    """An input of a dtype the op does not take (a TypeError and, as in PyTorch, a
+    NotImplementedError, which is a RuntimeError)."""
+
+
 def autocast_will_cast(x: object) -> bool:
     """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
     casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
     check before dispatch must not yet ask their dtypes to agree (a bf16 activation meets fp32
-    weights in every autocast model)."""
-    return isinstance(x, torch.Tensor) and torch.is_autocast_enabled(x.device.type)
+    weights in every autocast model). Only CPU and CUDA have such kernels; torch.is_autocast_enabled
+    raises for a device type without autocast (meta: shape-only calls, meta-device init)."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.device.type in ("cpu", "cuda")
+        and torch.is_autocast_enabled(x.device.type)
+    )
+
+
+def under_torch_func() -> bool:
+    """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap, functional_call under them) runs
+    this call. The ops' autograd is C++ (a torch::autograd::Function: no Python on an eager call's
+    way), which functorch cannot transform, and they have no batching rules; under a transform each
+    op computes its plain-PyTorch definition (``fastops.reference``) instead, which functorch
+    differentiates and batches as it does stock PyTorch. The C flag first: 50 ns on an eager call.
+    Then is_compiling, since the flag reads True while dynamo traces (the traced graph then keeps
+    our op, whose fake kernel it needs)."""
+    return torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling()
 
 
 def check_tensor(op: str, arg: str, value: object) -> torch.Tensor:
@@ -31,7 +60,7 @@ def check_floating(op: str, arg: str, t: torch.Tensor) -> None:
     ok = t.dtype in FLOATING_DTYPES or (t.dtype == torch.float64 and t.device.type == "cpu")
     if not ok:
         extra = " (or float64 on the CPU)" if t.device.type == "cpu" else ""
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected {arg} to be a float32, float16 or bfloat16 tensor{extra}, "
             f"got {t.dtype} on {t.device}"
         )

@@ -9,11 +9,15 @@ import numbers
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
+    DtypeError,
+    ShapeError,
     check_floating,
     check_positive_fits_compute_type,
     check_tensor,
     compute_dtype,
+    under_torch_func,
     uses_channels_last,
 )
 
@@ -30,11 +34,11 @@ def _check_per_channel(op: str, arg: str, t: Tensor | None, x: Tensor) -> None:
         )
     allowed = dict.fromkeys((x.dtype, compute_dtype(x)))
     if t.dtype not in allowed:
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected {arg} to be {' or '.join(map(str, allowed))} (x is {x.dtype}), got {t.dtype}"
         )
     if t.dim() != 1 or t.shape[0] != x.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{op}: expected {arg} of shape [{x.shape[1]}] (one value per channel of x), "
             f"got {list(t.shape)}"
         )
@@ -53,7 +57,7 @@ def _check_args(
     """The op's one validator (eager path and fake kernel); the C++ kernels check the same."""
     check_floating(op, "x", x)
     if x.dim() < 2 or x.shape[1] == 0:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{op}: expected x to have at least 2 dims (N, C, ...) and at least one channel, "
             f"got shape {list(x.shape)}"
         )
@@ -65,6 +69,12 @@ def _check_args(
     ):
         _check_per_channel(op, arg, t, x)
     value = check_positive_fits_compute_type(op, "eps", eps, x)
+    if (running_mean is None) != (running_var is None):
+        # As F.batch_norm: one statistic without the other would be updated alone.
+        given = "running_mean" if running_var is None else "running_var"
+        raise ValueError(
+            f"fastops.{op}: expected running_mean and running_var both or neither, got only {given}"
+        )
     if training:
         if x.numel() != 0 and x.numel() // x.shape[1] <= 1:
             raise ValueError(
@@ -78,12 +88,9 @@ def _check_args(
 
 
 def _check_momentum(op: str, momentum: object) -> float:
-    if (
-        isinstance(momentum, bool)
-        or not isinstance(momentum, numbers.Real)
-        or not 0.0 <= float(momentum) <= 1.0
-    ):
-        raise ValueError(f"fastops.{op}: expected momentum to be a number in [0, 1], got {momentum!r}")
+    # Any real number, as F.batch_norm takes it (the update is a lerp; 1.5 over-relaxes).
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real):
+        raise TypeError(f"fastops.{op}: expected momentum to be a real number, got {momentum!r}")
     return float(momentum)
 
 
@@ -111,10 +118,10 @@ def batch_norm(
         running_mean, running_var: (C,) in x's dtype or float32 (float64 for float64 x), or None
             (then ``training`` must be True).
         weight, bias: (C,) as the running statistics, or None (1 and 0).
-        momentum: in [0, 1]. eps: a finite float > 0, held in the compute dtype (float32, or float64).
+        momentum: a real number, usually in [0, 1]. eps: a finite float > 0, held in the compute dtype (float32, or float64).
 
     The statistics and all arithmetic are float32 for fp16/bf16 x. Gradients flow to x, weight and
-    bias (not twice: there is no double backward). Under autocast it runs in the dtype that arrives,
+    bias, twice differentiable (the second derivative in PyTorch math). Under autocast it runs in the dtype that arrives,
     as aten's batch_norm does (a bf16 activation with float32 weight and statistics is the usual
     case). An empty x gives an empty output and leaves the running statistics alone.
 
@@ -124,6 +131,8 @@ def batch_norm(
     check_tensor(_OP, "x", x)
     eps = _check_args(_OP, x, weight, bias, running_mean, running_var, bool(training), eps)
     momentum = _check_momentum(_OP, momentum)
+    if under_torch_func():  # F.batch_norm, which updates the running statistics itself
+        return reference.batch_norm(x, running_mean, running_var, weight, bias, bool(training), momentum, eps)
     y, mean, _, unbiased_var = torch.ops.fastops.batch_norm.default(
         x, weight, bias, running_mean, running_var, bool(training), eps
     )
@@ -183,3 +192,73 @@ def _batch_norm_backward_fake(
     layout = torch.channels_last if uses_channels_last(x) else torch.contiguous_format
     grad_x = torch.empty_like(x, memory_format=layout) if input_grad else x.new_empty((0,))
     return grad_x, x.new_empty((x.shape[1],), dtype=dtype), x.new_empty((x.shape[1],), dtype=dtype)
+
+
+# ---- double backward ------------------------------------------------------------------------------
+# The forward op's autograd is C++ (csrc/autograd.cpp); with create_graph it calls batch_norm_backward
+# through autograd, and this registration differentiates that backward (gradient penalties,
+# Hessian-vector products). Plain PyTorch math: second derivatives are rare enough that a kernel
+# would not pay for itself, and torch.func.vjp of the first-derivative formula cannot drift from it.
+
+
+def _backward_math(
+    grad_out: Tensor, x: Tensor, weight: Tensor | None, stats: tuple[Tensor, Tensor], training: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """batch_norm_backward's (grad_x, grad_weight, grad_bias) in differentiable PyTorch ops, in the
+    compute dtype. In training the statistics are functions of x, and are recomputed from it so that
+    their derivatives count; eps is recovered as ``invstd**-2 - var`` (a constant), so the values
+    match the saved statistics (mean, invstd)."""
+    mean, invstd = stats
+    dtype = mean.dtype
+    dims = [0, *range(2, x.dim())]
+    view = [1, x.shape[1]] + [1] * (x.dim() - 2)
+    xc, go = x.to(dtype), grad_out.to(dtype)
+    if training:
+        mean = xc.mean(dims)
+        var = (xc - mean.view(view)).square().mean(dims)
+        eps = invstd.pow(-2) - var.detach()
+        invstd = (var + eps).rsqrt()
+    xhat = (xc - mean.view(view)) * invstd.view(view)
+    grad_bias = go.sum(dims)
+    grad_weight = (go * xhat).sum(dims)
+    scale = invstd if weight is None else invstd * weight.to(dtype)
+    if training:
+        n = x.numel() // x.shape[1]
+        go = go - (grad_bias.view(view) + xhat * grad_weight.view(view)) / n
+    return (go * scale.view(view)).to(x.dtype), grad_weight, grad_bias
+
+
+def _backward_setup_context(ctx, inputs, output) -> None:
+    grad_out, x, weight, mean, invstd, training, _ = inputs
+    ctx.save_for_backward(grad_out, x, weight, mean, invstd)
+    ctx.training = training
+
+
+def _batch_norm_double_backward(
+    ctx, grad_grad_x: Tensor | None, grad_grad_weight: Tensor | None, grad_grad_bias: Tensor | None
+):
+    grad_out, x, weight, mean, invstd = ctx.saved_tensors
+    primals = (grad_out, x) if weight is None else (grad_out, x, weight)
+    if x.numel() == 0:
+        grads: tuple[Tensor, ...] = tuple(torch.zeros_like(t) for t in primals)
+    else:
+
+        def backward(*differentiable: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+            w = differentiable[2] if weight is not None else None
+            return _backward_math(differentiable[0], differentiable[1], w, (mean, invstd), ctx.training)
+
+        # No has_aux: two values (the stubs also allow three).
+        outputs, vjp = torch.func.vjp(backward, *primals)  # type: ignore[misc]
+        # An output nobody differentiated (or grad_x, when input_grad=False) contributes nothing.
+        cotangents = tuple(
+            g if g is not None and g.shape == o.shape else torch.zeros_like(o)
+            for g, o in zip((grad_grad_x, grad_grad_weight, grad_grad_bias), outputs, strict=True)
+        )
+        grads = vjp(cotangents)
+    grad_weight = grads[2] if weight is not None else None
+    return grads[0], grads[1], grad_weight, None, None, None, None
+
+
+torch.library.register_autograd(
+    "fastops::batch_norm_backward", _batch_norm_double_backward, setup_context=_backward_setup_context
+)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_positive_fits_compute_type, check_tensor
+from fastops import reference
+from fastops.ops._validate import (
+    check_floating,
+    check_positive_fits_compute_type,
+    check_tensor,
+    under_torch_func,
+)
 
 
 def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> Tensor:
@@ -29,6 +35,8 @@ def clipped_log(x: Tensor, eps: float = 1e-6, straight_through: bool = True) -> 
     """
     check_tensor("clipped_log", "x", x)
     eps = _check_args("clipped_log", x, eps)
+    if under_torch_func():
+        return reference.clipped_log(x, eps, bool(straight_through))
     return torch.ops.fastops.clipped_log.default(x, eps, bool(straight_through))
 
 

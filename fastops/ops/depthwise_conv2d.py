@@ -6,8 +6,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
+    DtypeError,
     IntPair,
+    ShapeError,
     autocast_will_cast,
     check_floating,
     check_same_device,
@@ -15,6 +18,7 @@ from fastops.ops._validate import (
     conv_out_hw,
     int_pair,
     resolve_padding,
+    under_torch_func,
     uses_channels_last,
 )
 
@@ -58,6 +62,8 @@ def depthwise_conv2d(
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(weight.shape[2]), int(weight.shape[3])), s, d)
     conv_out_hw(_OP, x.shape[2], x.shape[3], weight.shape[2:], s, p, d)
+    if under_torch_func():
+        return reference.depthwise_conv2d(x, weight, bias, s, p, d)
     return torch.ops.fastops.depthwise_conv2d.default(x, weight, bias, list(s), list(p), list(d))
 
 
@@ -68,28 +74,28 @@ def _check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, dtypes_agree: 
     if bias is not None:
         check_tensor(_OP, "bias", bias)
     if x.dim() != 4:
-        raise ValueError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
+        raise ShapeError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
     if weight.dim() != 4 or weight.shape[1] != 1:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected weight of shape (C, 1, kh, kw) (channel multiplier 1), "
             f"got {tuple(weight.shape)}"
         )
     if weight.shape[2] < 1 or weight.shape[3] < 1:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected a kernel of at least 1 x 1, got weight of shape {tuple(weight.shape)}"
         )
     if weight.shape[0] != x.shape[1]:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected weight.size(0) == channels of x ({x.shape[1]}), got weight of shape "
             f"{tuple(weight.shape)} (a channel multiplier > 1 is not supported)"
         )
     if bias is not None and (bias.dim() != 1 or bias.shape[0] != x.shape[1]):
-        raise ValueError(f"fastops.{_OP}: expected bias of shape ({x.shape[1]},), got {tuple(bias.shape)}")
+        raise ShapeError(f"fastops.{_OP}: expected bias of shape ({x.shape[1]},), got {tuple(bias.shape)}")
     check_same_device(_OP, x, weight=weight, bias=bias)
     check_floating(_OP, "x", x)
     for arg, t in (("weight", weight), ("bias", bias)):
         if dtypes_agree and t is not None and t.dtype != x.dtype:
-            raise TypeError(
+            raise DtypeError(
                 f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
             )
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fastops import reference
 from fastops.ops._validate import (
+    DtypeError,
     IntPair,
+    ShapeError,
     autocast_will_cast,
     check_floating,
     check_same_device,
@@ -15,6 +18,7 @@ from fastops.ops._validate import (
     conv_out_hw,
     int_pair,
     resolve_padding,
+    under_torch_func,
 )
 
 _OP = "depthwise_separable_conv2d"
@@ -59,6 +63,8 @@ def depthwise_separable_conv2d(
     d = int_pair(_OP, "dilation", dilation, 1)
     p = resolve_padding(_OP, padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
     conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], s, p, d)
+    if under_torch_func():
+        return reference.depthwise_separable_conv2d(x, dw_weight, dw_bias, pw_weight, pw_bias, s, p, d)
     return torch.ops.fastops.depthwise_separable_conv2d.default(
         x, dw_weight, dw_bias, pw_weight, pw_bias, list(s), list(p), list(d)
     )
@@ -79,24 +85,24 @@ def _check_inputs(
         if opt is not None:
             check_tensor(_OP, arg, opt)
     if x.dim() != 4:
-        raise ValueError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
+        raise ShapeError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
     c = x.shape[1]
     if dw_weight.dim() != 4 or dw_weight.shape[1] != 1 or dw_weight.shape[0] != c:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected dw_weight of shape ({c}, 1, kh, kw) (channel multiplier 1), "
             f"got {tuple(dw_weight.shape)}"
         )
     if dw_weight.shape[2] < 1 or dw_weight.shape[3] < 1:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected a kernel of at least 1 x 1, got dw_weight of shape {tuple(dw_weight.shape)}"
         )
     if pw_weight.dim() != 4 or tuple(pw_weight.shape[1:]) != (c, 1, 1):
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected pw_weight of shape (Cout, {c}, 1, 1), got {tuple(pw_weight.shape)}"
         )
     for arg, bias, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-            raise ValueError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
+            raise ShapeError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
     others = {"dw_weight": dw_weight, "dw_bias": dw_bias, "pw_weight": pw_weight, "pw_bias": pw_bias}
     check_same_device(_OP, x, **others)
     if x.device.type not in ("cpu", "meta"):
@@ -107,7 +113,7 @@ def _check_inputs(
     check_floating(_OP, "x", x)
     for arg, t in others.items():
         if dtypes_agree and t is not None and t.dtype != x.dtype:
-            raise TypeError(
+            raise DtypeError(
                 f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
             )
 

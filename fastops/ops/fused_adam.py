@@ -114,6 +114,13 @@ def fused_adam(
         for i, p in enumerate(params):
             devices.setdefault(p.device, []).append(i)
     for device, idx in devices.items():
+        if capturable and device.type == "cpu" and not torch.compiler.is_compiling():
+            # torch.optim.Adam refuses it, with this type: CUDA graphs capture no CPU step. (Dynamo
+            # sets capturable on every optimizer it traces, CPU ones too: not the user's choice.)
+            raise AssertionError(
+                "fastops.optim: capturable=True needs the params on a device whose steps a graph can "
+                "capture (cuda), got params on cpu; use capturable=False there"
+            )
         sel: tuple[list[Tensor], ...]
         if len(devices) == 1:
             sel = (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps)

@@ -7,7 +7,15 @@ import math
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_approximate, check_floating, check_tensor
+from fastops import reference
+from fastops.ops._validate import (
+    DtypeError,
+    ShapeError,
+    check_approximate,
+    check_floating,
+    check_tensor,
+    under_torch_func,
+)
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _TANH_C = 0.044715
@@ -16,14 +24,14 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def _check_bias(op: str, x: Tensor, bias: Tensor) -> None:
     if x.dim() < 1:
-        raise ValueError(f"fastops.{op}: expected x to have at least one dimension, got a 0-d tensor")
+        raise ShapeError(f"fastops.{op}: expected x to have at least one dimension, got a 0-d tensor")
     if bias.dim() != 1 or bias.shape[0] != x.shape[-1]:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{op}: expected bias to be 1-D with x.shape[-1] = {x.shape[-1]} elements, "
             f"got shape {list(bias.shape)}"
         )
     if bias.dtype != x.dtype:
-        raise TypeError(f"fastops.{op}: expected bias to have the dtype of x ({x.dtype}), got {bias.dtype}")
+        raise DtypeError(f"fastops.{op}: expected bias to have the dtype of x ({x.dtype}), got {bias.dtype}")
     if bias.device != x.device:
         raise RuntimeError(
             f"fastops.{op}: expected bias on the same device as x ({x.device}), got {bias.device}"
@@ -55,6 +63,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     check_tensor("gelu", "x", x)
     check_floating("gelu", "x", x)
     approximate = check_approximate("gelu", approximate)
+    if under_torch_func():
+        return reference.gelu(x, approximate)
     return torch.ops.fastops.gelu.default(x, approximate)
 
 
@@ -82,6 +92,8 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
     check_floating("bias_gelu", "x", x)
     approximate = check_approximate("bias_gelu", approximate)
     _check_bias("bias_gelu", x, bias)
+    if under_torch_func():
+        return reference.bias_gelu(x, bias, approximate)
     return torch.ops.fastops.bias_gelu.default(x, bias, approximate)
 
 

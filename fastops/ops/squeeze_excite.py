@@ -18,7 +18,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fastops.ops._validate import check_floating, check_tensor, compute_dtype, uses_channels_last
+from fastops import reference
+from fastops.ops._validate import (
+    DtypeError,
+    ShapeError,
+    check_floating,
+    check_tensor,
+    compute_dtype,
+    under_torch_func,
+    uses_channels_last,
+)
 
 _OP = "squeeze_excite"
 ACTIVATIONS = ("relu", "silu", "gelu")
@@ -40,7 +49,7 @@ def check_gate(op: str, gate: object) -> str:
 def _check_activation(op: str, arg: str, t: Tensor) -> None:
     check_floating(op, arg, t)
     if t.dim() != 4:
-        raise ValueError(f"fastops.{op}: expected {arg} to be 4-D (N, C, H, W), got shape {list(t.shape)}")
+        raise ShapeError(f"fastops.{op}: expected {arg} to be 4-D (N, C, H, W), got shape {list(t.shape)}")
 
 
 def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> None:
@@ -49,7 +58,7 @@ def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> N
             f"fastops.{op}: expected {arg} on the same device as {x_arg} ({x.device}), got {t.device}"
         )
     if t.dtype != compute_dtype(x):
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected {arg} to be {compute_dtype(x)} (the compute dtype of {x_arg}'s "
             f"{x.dtype}), got {t.dtype}"
         )
@@ -68,13 +77,13 @@ def _check_fc(arg: str, t: Tensor | None, shape: tuple[int, ...], x: Tensor, opt
         return
     check_tensor(_OP, arg, t)
     if not t.is_floating_point():
-        raise TypeError(f"fastops.{_OP}: expected {arg} to be a floating tensor, got {t.dtype}")
+        raise DtypeError(f"fastops.{_OP}: expected {arg} to be a floating tensor, got {t.dtype}")
     if t.device != x.device:
         raise RuntimeError(
             f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
         )
     if tuple(t.shape) != shape:
-        raise ValueError(f"fastops.{_OP}: expected {arg} of shape {list(shape)}, got {list(t.shape)}")
+        raise ShapeError(f"fastops.{_OP}: expected {arg} of shape {list(shape)}, got {list(t.shape)}")
 
 
 def _check_inputs(
@@ -90,7 +99,7 @@ def _check_inputs(
     _check_activation(_OP, "x", x)
     check_tensor(_OP, "fc1_weight", fc1_weight)
     if fc1_weight.dim() != 2:
-        raise ValueError(
+        raise ShapeError(
             f"fastops.{_OP}: expected fc1_weight to be 2-D (reduced_channels, C) as nn.Linear's weight "
             f"(flatten a 1x1 conv's weight), got shape {list(fc1_weight.shape)}"
         )
@@ -141,6 +150,8 @@ def squeeze_excite(
     fc2_bias))[:, :, None, None]`` (see ``fastops.reference.squeeze_excite``).
     """
     _check_inputs(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
+    if under_torch_func():
+        return reference.squeeze_excite(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
     return torch.ops.fastops.squeeze_excite.default(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
 
 
@@ -170,7 +181,7 @@ def _backward_reduce_fake(grad_out: Tensor, x: Tensor) -> Tensor:
     op = "squeeze_excite_backward_reduce"
     _check_activation(op, "x", x)
     if grad_out.dtype != x.dtype:
-        raise TypeError(
+        raise DtypeError(
             f"fastops.{op}: expected grad_out to have the dtype of x ({x.dtype}), got {grad_out.dtype}"
         )
     torch._check(

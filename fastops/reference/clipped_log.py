@@ -7,6 +7,8 @@ from torch import Tensor
 
 
 class _StraightThroughClippedLog(torch.autograd.Function):
+    generate_vmap_rule = True  # for torch.func.vmap: forward and backward are plain PyTorch
+
     @staticmethod
     def forward(x: Tensor, eps: float) -> Tensor:  # type: ignore[override]
         return torch.log(torch.clamp(x, min=eps))

@@ -232,6 +232,16 @@ class TrainConfig:
             need(Path(self.resume).is_file(), f"--resume: no checkpoint file at {str(self.resume)!r}")
         if self.compile:
             need(hasattr(torch, "compile"), "--compile needs torch.compile")
+        # Read by every fastops module at its first forward, after the data and model are built:
+        # a typo is a usage error now rather than a traceback then.
+        from fastops import policy
+
+        backend = os.environ.get(policy.BACKEND_ENV, "")
+        need(
+            backend in ("", *policy.BACKENDS),
+            f"the environment variable {policy.BACKEND_ENV}={backend!r} must be one of "
+            f"{list(policy.BACKENDS)} (or unset)",
+        )
         return self
 
     def use_channels_last(self) -> bool:

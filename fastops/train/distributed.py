@@ -129,17 +129,67 @@ class GlooSyncBatchNorm(nn.BatchNorm2d):
         return y.to(x.dtype)
 
 
+class GlooSyncBatchNormAct2d(GlooSyncBatchNorm):
+    """:class:`GlooSyncBatchNorm`, then the norm-act module's own ``drop`` and ``act`` (timm's and
+    fastops' ``BatchNormAct2d``): their children come along with ``from_batchnorm``."""
+
+    drop: nn.Module
+    act: nn.Module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.drop(super().forward(x)))
+
+
+class SyncBatchNormAct2d(nn.SyncBatchNorm):
+    """``nn.SyncBatchNorm``, then the norm-act module's own ``drop`` and ``act``. torch's
+    ``convert_sync_batchnorm`` turns a ``BatchNormAct2d`` into a plain SyncBatchNorm that keeps those
+    children but never calls them (the activation silently gone); this class is what it should
+    have made, reached by changing the class of torch's own conversion."""
+
+    drop: nn.Module
+    act: nn.Module
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.drop(super().forward(x)))
+
+
+def _is_norm_act(m: nn.Module) -> bool:
+    """A batch norm followed by its own ``drop`` and ``act`` children: fastops' BatchNormAct2d and
+    the classes its swap rule recognises (timm's)."""
+    from fastops.nn.batch_norm import _NORM_ACT_CLASSES, BatchNormAct2d
+    from fastops.swap import class_path
+
+    known = isinstance(m, BatchNormAct2d) or class_path(type(m)) in _NORM_ACT_CLASSES
+    return known and {name for name, _ in m.named_children()} == {"drop", "act"}
+
+
+def _convert_sync(module: nn.Module) -> nn.Module:
+    """``nn.SyncBatchNorm.convert_sync_batchnorm``, but a norm-act module keeps its activation."""
+    if _is_norm_act(module):
+        converted = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        converted.__class__ = SyncBatchNormAct2d
+        return converted
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for name, child in list(module.named_children()):
+        setattr(module, name, _convert_sync(child))
+    return module
+
+
 def sync_batchnorm(model: nn.Module, device: torch.device) -> nn.Module:
-    """Make BatchNorm layers compute their statistics over the global batch (DDP with BN)."""
+    """Make BatchNorm layers compute their statistics over the global batch (DDP with BN); a
+    norm-act layer (``BatchNormAct2d``) stays one, its activation after the synced batch norm."""
     if device.type == "cuda":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return _convert_sync(model)
 
     from fastops.nn.batch_norm import BatchNorm2d  # swap_modules' twin: the same module, our kernels
 
     def convert(parent: nn.Module) -> None:
         for name, child in parent.named_children():
             # The fastops twin too: its statistics are per rank like the stock module's.
-            if isinstance(child, nn.BatchNorm2d) and type(child) in (nn.BatchNorm2d, BatchNorm2d):
+            if _is_norm_act(child):
+                setattr(parent, name, GlooSyncBatchNormAct2d.from_batchnorm(child))  # type: ignore[arg-type]
+            elif isinstance(child, nn.BatchNorm2d) and type(child) in (nn.BatchNorm2d, BatchNorm2d):
                 setattr(parent, name, GlooSyncBatchNorm.from_batchnorm(child))
             else:
                 convert(child)

@@ -34,14 +34,24 @@ def batch_size_of(batch: Batch) -> int:
     return len(model_inputs(batch))
 
 
+def _logits(outputs: Any, default: str, argument: str) -> Tensor:
+    """The defaults take a tensor of logits; a model returning a tuple or dict needs its own."""
+    if not isinstance(outputs, Tensor):
+        raise TypeError(
+            f"fastops.train: the default {default} needs the model to return a tensor of logits, but it "
+            f"returned a {type(outputs).__name__}; pass {argument}=fn(outputs, batch) to fit()"
+        )
+    return outputs
+
+
 def cross_entropy_loss(outputs: Tensor, batch: Batch) -> Tensor:
     """The default loss: cross-entropy of the logits (in fp32, also under autocast) and ``batch[1]``."""
-    return nn.functional.cross_entropy(outputs.float(), batch[1])
+    return nn.functional.cross_entropy(_logits(outputs, "loss (cross-entropy)", "loss_fn").float(), batch[1])
 
 
 def accuracy_sum(outputs: Tensor, batch: Batch) -> Tensor:
     """The default metric: how many samples' argmax logit is their ``batch[1]`` class."""
-    return (outputs.detach().argmax(-1) == batch[1]).sum()
+    return (_logits(outputs, "metric (accuracy)", "metric_fn").detach().argmax(-1) == batch[1]).sum()
 
 
 @dataclass

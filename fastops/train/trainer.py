@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fastops.swap import swap_modules
 from fastops.train import amp, checkpoint, distributed, extras
@@ -203,17 +203,40 @@ class Trainer:
         )
 
     def _loader(self, data: TrainData, name: str, *, train: bool) -> Iterable[Batch]:
+        expected = (
+            f"fastops.train: {name} must be a map-style torch.utils.data.Dataset or a DataLoader "
+            "(a sized iterable of batches)"
+        )
+        if isinstance(data, IterableDataset):
+            # The sampler (shuffling, sharding over ranks) and the schedule (steps per epoch) need
+            # len() and indexing, which a stream has not.
+            raise TypeError(
+                f"{expected}, got an IterableDataset ({type(data).__name__}): give a DataLoader over "
+                "it whose len() is its number of batches, or a map-style Dataset"
+            )
         if isinstance(data, Dataset):
             make = train_loader if train else eval_loader
-            return make(
+            loader: Iterable[Batch] = make(
                 data, self.cfg, rank=self.dist.rank, world_size=self.dist.world_size, device=self.device
             )
-        if not (isinstance(data, Iterable) and isinstance(data, Sized)):
+        elif isinstance(data, Iterable) and isinstance(data, Sized):
+            loader = data
+        else:
+            raise TypeError(f"{expected}, got {type(data).__name__}")
+        try:
+            # A Dataset's own length, the same on every rank (one rank's shard may be empty).
+            size = len(data if isinstance(data, Dataset) else loader)  # type: ignore[arg-type]
+        except TypeError:  # a DataLoader over an IterableDataset without __len__
             raise TypeError(
-                f"fastops.train: {name} must be a map-style torch.utils.data.Dataset or a DataLoader "
-                f"(a sized iterable of batches), got {type(data).__name__}"
+                f"{expected}; len() of this {type(data).__name__} fails: it has no length"
+            ) from None
+        if size == 0 and not train:
+            # Scored as loss 0 and accuracy 0, it would stop the run early and keep epoch 1's weights.
+            raise ConfigError(
+                f"fastops.train: {name} is empty: give it samples, or leave it out (None) to score "
+                "epochs on the training data"
             )
-        return data
+        return loader
 
     def _make_loaders(
         self, train_data: TrainData, val_data: TrainData | None, test_data: TrainData | None

@@ -107,6 +107,56 @@ def test_swap_replaces_batchnorm2d_and_undo_restores_it() -> None:
     assert int(model[1].num_batches_tracked) == 1  # the step taken while swapped is kept
 
 
+class _FreezableBatchNorm(nn.BatchNorm2d):
+    """Forward is nn.BatchNorm2d's, but other methods are its own (timm's FrozenBatchNorm2d idiom,
+    and a _check_input_dim that takes (C, H, W) input)."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() not in (3, 4):
+            raise ValueError(f"expected 3D or 4D input (got {input.dim()}D input)")
+
+    def freeze(self) -> None:
+        self.eval()
+        self.weight.requires_grad_(False)
+
+
+class _PlainSubclass(nn.BatchNorm2d):
+    def __init__(self, num_features: int) -> None:
+        super().__init__(num_features, momentum=0.2)
+
+
+def test_subclasses_with_their_own_methods_are_skipped() -> None:
+    model = nn.Sequential(_FreezableBatchNorm(3), _PlainSubclass(3))
+    x = torch.randn(2, 3, 5, 5)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is _FreezableBatchNorm
+    [skipped] = report.skipped
+    assert skipped.name == "0" and "defines _check_input_dim, freeze" in skipped.reason
+    model[0].freeze()
+    torch.testing.assert_close(model[0](x), nn.functional.batch_norm(x, *_stats(model[0])))
+    assert type(model[1]) is fastops.nn.BatchNorm2d and model[1].momentum == 0.2  # only __init__
+
+
+def _stats(m: nn.BatchNorm2d) -> tuple:
+    return m.running_mean, m.running_var, m.weight, m.bias, False, 0.0, m.eps
+
+
+def test_what_nn_batchnorm2d_accepts_works_after_a_swap() -> None:
+    """momentum outside [0, 1] runs as in torch; eps=0 (torch refuses it only when training) keeps
+    the stock module, with the reason."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5)
+    model = nn.Sequential(nn.BatchNorm2d(3, momentum=1.5), nn.BatchNorm2d(3, eps=0.0).eval())
+    stock = copy.deepcopy(model)
+    report = fastops.swap_modules(model)
+    assert type(model[0]) is fastops.nn.BatchNorm2d and type(model[1]) is nn.BatchNorm2d
+    assert [s.name for s in report.skipped] == ["1"] and "eps=0.0" in report.skipped[0].reason
+    model[0].backend = "fastops"
+    torch.testing.assert_close(model(x), stock(x))
+    torch.testing.assert_close(model[0].running_mean, stock[0].running_mean)
+    torch.testing.assert_close(model[0].running_var, stock[0].running_var)
+
+
 def test_undo_after_a_conversion_keeps_the_running_statistics() -> None:
     """model.double() (like .to(device)) gives the twin new buffer tensors; undo hands them back, so
     the restored nn.BatchNorm2d has the statistics of the steps taken, in the new dtype."""

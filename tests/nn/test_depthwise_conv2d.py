@@ -63,3 +63,30 @@ def test_module_rejects_non_depthwise() -> None:
         fastops.nn.DepthwiseConv2d.from_torch(nn.Linear(2, 2))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"'same' is not supported for strided"):
         fastops.nn.DepthwiseConv2d(4, 3, stride=2, padding="same")
+
+
+@pytest.mark.parametrize("kernel", [3, 5])
+@pytest.mark.parametrize("backend", ["auto", "fastops"])
+def test_unbatched_input_as_nn_conv2d(kernel: int, backend: str) -> None:
+    """(C, H, W) input, which nn.Conv2d takes (16 of module_db's samples): the same output and
+    gradients. With a 5x5 kernel in fp32 the policy failed first, reading shape[3]."""
+    from fastops.nn.depthwise_conv2d import tf_same_padding
+
+    torch.manual_seed(0)
+    stock = nn.Conv2d(6, 6, kernel, stride=2, padding=kernel // 2, groups=6)
+    w, b = stock.weight, stock.bias
+
+    def tf_same(x: torch.Tensor) -> torch.Tensor:  # timm's Conv2dSame, on unbatched x as well
+        top, bottom, left, right = tf_same_padding(x.shape[-2:], (kernel, kernel), (2, 2), (1, 1))
+        return F.conv2d(F.pad(x, (left, right, top, bottom)), w, b, 2, 0, 1, 6)
+
+    same = fastops.nn.DepthwiseConv2dSame.from_torch(stock)
+    for ours, reference in ((fastops.nn.DepthwiseConv2d.from_torch(stock), stock), (same, tf_same)):
+        ours.backend = backend
+        x = torch.randn(6, 11, 10, requires_grad=True)
+        want, got = reference(x), ours(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(
+            torch.autograd.grad(got.square().sum(), x), torch.autograd.grad(want.square().sum(), x)
+        )

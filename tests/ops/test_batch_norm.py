@@ -157,12 +157,56 @@ def _place(given: str, rest: tuple) -> tuple:
     return None, None
 
 
+# ---- double backward -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("given", ["weight", "bias", "neither"])
+def test_gradgradcheck(training: bool, given: str) -> None:
+    """Second derivatives (gradient penalties, Hessian-vector products) in float64, numerically."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 3, 2, generator=gen, dtype=torch.float64, requires_grad=True)
+    p = _per_channel(4, torch.float64, "cpu", gen)
+    weight = p["weight"].requires_grad_() if given == "weight" else None
+    bias = p["bias"].requires_grad_() if given == "bias" else None
+    leaves = [t for t in (x, weight, bias) if t is not None]
+
+    def fn(*t: torch.Tensor) -> torch.Tensor:
+        stats = (p["running_mean"].clone(), p["running_var"].clone())
+        return fastops.batch_norm(t[0], *stats, *_place(given, t[1:]), training)
+
+    assert torch.autograd.gradgradcheck(fn, leaves)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_double_backward_matches_aten_in_float32(training: bool, channels_last: bool) -> None:
+    """The gradient of a gradient, as a gradient penalty takes it, against float64 aten (it was all
+    zeros with only a UserWarning)."""
+    gen = torch.Generator().manual_seed(4)
+    x64 = torch.randn(4, 3, 5, 5, generator=gen, dtype=torch.float64)
+    p = _per_channel(3, torch.float64, "cpu", gen)
+    results = []
+    for fn, dtype in ((fastops.batch_norm, torch.float32), (F.batch_norm, torch.float64)):
+        x = x64.to(dtype)
+        x = (x.contiguous(memory_format=torch.channels_last) if channels_last else x).requires_grad_()
+        w, b = p["weight"].to(dtype).requires_grad_(), p["bias"].to(dtype).requires_grad_()
+        stats = (p["running_mean"].to(dtype), p["running_var"].to(dtype))
+        y = fn(x, *stats, w, b, training, 0.1, 1e-5)
+        (g,) = torch.autograd.grad(y.pow(3).sum(), x, create_graph=True)
+        results.append(torch.autograd.grad(g.pow(2).sum(), (x, w, b)))
+    scale = results[1][0].abs().max().item()  # the input gradient's: the bias's is ~0 in training
+    assert scale > 1
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * scale)
+
+
 # ---- running statistics ------------------------------------------------------------------------------
 
 
 @devices
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
-@pytest.mark.parametrize("momentum", [0.1, 0.7])
+@pytest.mark.parametrize("momentum", [0.1, 0.7, 1.5, -0.25])  # any number, as aten takes it
 def test_running_statistics_follow_aten(device: str, channels_last: bool, momentum: float) -> None:
     """Three training steps update running_mean / running_var (unbiased) as F.batch_norm does."""
     gen = torch.Generator().manual_seed(3)
@@ -301,10 +345,14 @@ def test_rejects_bad_arguments() -> None:
         fastops.batch_norm(x, c3, c3, eps=0.0)
     with pytest.raises(ValueError, match=r"fastops\.batch_norm: eps=.* does not fit torch\.float32"):
         fastops.batch_norm(x, c3, c3, eps=1e39)
-    with pytest.raises(
-        ValueError, match=r"fastops\.batch_norm: expected momentum to be a number in \[0, 1\]"
-    ):
-        fastops.batch_norm(x, c3, c3.clone(), training=True, momentum=1.5)
+    for stats in ((c3.clone(), None), (None, c3.clone())):  # F.batch_norm refuses these too
+        for training in (True, False):
+            with pytest.raises(
+                ValueError, match=r"fastops\.batch_norm: expected running_mean and running_var"
+            ):
+                fastops.batch_norm(x, *stats, training=training)
+    with pytest.raises(TypeError, match=r"fastops\.batch_norm: expected momentum to be a real number"):
+        fastops.batch_norm(x, c3, c3.clone(), training=True, momentum="0.1")  # type: ignore[arg-type]
     with FakeTensorMode() as mode, pytest.raises(ValueError, match=r"expected weight of shape \[3\]"):
         torch.ops.fastops.batch_norm(
             mode.from_tensor(x), mode.from_tensor(torch.ones(2)), None, None, None, True, 1e-5

@@ -792,3 +792,20 @@ def test_autocast_takes_a_low_precision_x_with_fp32_weights() -> None:
     torch.testing.assert_close(ours.float(), eager.float(), rtol=2e-2, atol=2e-2)
     with pytest.raises(TypeError, match=r"expected weight to have the dtype of x \(torch.bfloat16\)"):
         fastops.depthwise_conv2d(x, w, b, padding=1)  # outside autocast the mismatch is an error
+
+
+def test_meta_device_gives_shapes_as_f_conv2d() -> None:
+    """Shape-only calls (meta-device init, FLOP counters) as the other ops take them: the eager
+    check before dispatch asked autocast about the meta device, which raises."""
+    x = torch.empty(2, 6, 9, 8, device="meta")
+    w = torch.empty(6, 1, 3, 3, device="meta")
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xl = x.contiguous(memory_format=layout)
+        got = fastops.depthwise_conv2d(xl, w, None, stride=2, padding=1)
+        want = torch.nn.functional.conv2d(xl, w, None, 2, 1, 1, 6)
+        assert got.is_meta and got.shape == want.shape
+        assert got.is_contiguous(memory_format=layout)
+    module = fastops.nn.DepthwiseConv2d(6, 5, padding=2, device="meta")
+    assert module(x).shape == x.shape and module(x).is_meta
+    sep = fastops.nn.DepthwiseSeparableConv2d(6, 4, 3, padding=1, device="meta")
+    assert sep(x.contiguous(memory_format=torch.channels_last)).shape == (2, 4, 9, 8)

@@ -1322,3 +1322,20 @@ def test_ddp_gloo_two_processes_identical_params() -> None:
     assert torch.equal(results[0]["flat"], results[1]["flat"])
     for r in results:
         torch.testing.assert_close(r["flat"], r["ref"])  # and what torch.optim.AdamW computes
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_capturable_on_cpu_is_refused_as_torch_refuses_it(kind: str) -> None:
+    """torch.optim.Adam (single-tensor and foreach) refuses capturable=True for CPU params at step
+    time with an AssertionError; ours accepted it (a CPU step is not captured by any graph)."""
+    torch_cls, fast_cls = PAIRS[kind]
+    for cls in (torch_cls, fast_cls):
+        p = torch.zeros(3, requires_grad=True)
+        p.grad = torch.ones(3)
+        opt = cls([p], capturable=True)
+        with pytest.raises(AssertionError, match=r"capturable=True"):
+            opt.step()
+    p = torch.zeros(3, requires_grad=True)
+    p.grad = torch.ones(3)
+    with pytest.raises(AssertionError, match=r"^fastops\.optim: capturable=True needs"):
+        fast_cls([p], capturable=True).step()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
-from fastops.train import checkpoint, run
+import fastops
+from fastops.train import checkpoint, distributed, run
 from tests.train.common import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +80,49 @@ def test_two_gloo_ranks_equal_one_process_on_the_doubled_batch(tmp_path, use_fas
         torch.testing.assert_close(a["model"][key], value, rtol=2e-4, atol=2e-5, msg=key)
     assert abs(a["history"][0]["train_loss"] - b["history"][0]["train_loss"]) < 1e-4
     assert abs(ddp_summary["val_accuracy"] - single["val_accuracy"]) <= 1 / 180 + 1e-9
+
+
+def _norm_act_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(fastops.nn.BatchNormAct2d(4, act=nn.ReLU()))
+    with torch.no_grad():
+        model[0].weight.uniform_(0.5, 1.5)
+        model[0].bias.uniform_(-0.5, 0.5)
+        model[0].running_mean.uniform_(-1, 1)
+    return model
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sync_batchnorm_keeps_the_activation_of_batch_norm_act(device: str) -> None:
+    """torch's convert_sync_batchnorm made a BatchNormAct2d a plain SyncBatchNorm whose act was never
+    called (a ReLU model gave negative outputs), and the gloo path left it unsynced. The conversion
+    is tested on the CPU for both branches (NCCL needs one GPU per rank); outputs in eval mode."""
+    model = _norm_act_model().eval()
+    x = torch.randn(2, 4, 5, 5) * 3
+    want = model(x)
+    converted = distributed.sync_batchnorm(copy.deepcopy(model), torch.device(device))
+    norm = converted[0]
+    expected = distributed.SyncBatchNormAct2d if device == "cuda" else distributed.GlooSyncBatchNormAct2d
+    assert type(norm) is expected
+    assert isinstance(norm.act, nn.ReLU) and isinstance(norm.drop, nn.Identity)
+    assert list(converted.state_dict()) == list(model.state_dict())
+    got = converted(x)
+    assert got.min() == 0
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_act_is_synced_over_two_gloo_ranks(tmp_path) -> None:
+    """Two ranks with half a batch each give the outputs and running statistics of one process on
+    the whole batch, ReLU included."""
+    _torchrun([str(REPO / "tests" / "train" / "dist_runs.py"), "norm_act", str(tmp_path)], module=False)
+    got = torch.load(tmp_path / "norm_act.pt")
+    assert got["type"] == "GlooSyncBatchNormAct2d"
+    model = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU())
+    want = model(torch.randn(8, 4, 3, 3, generator=torch.Generator().manual_seed(0)) * 2 + 1)
+    assert got["y"].min() == 0
+    torch.testing.assert_close(got["y"], want, rtol=1e-5, atol=1e-5)
+    for key, value in model[0].state_dict().items():
+        torch.testing.assert_close(got[f"0.{key}"], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])

@@ -134,3 +134,60 @@ def test_fit_uses_fused_adamw_for_fastops_and_rejects_bad_input(tmp_path) -> Non
         fit(_model(), _blobs(64, 1), blocks=["stage3"], checkpointing=True, out_dir=tmp_path, **SMALL)
     with pytest.raises(ConfigError, match="--fsdp shards over the processes of torchrun"):
         fit(_model(), _blobs(64, 1), fsdp=True, out_dir=tmp_path, **SMALL)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A user's streaming dataset: no __len__, no indexing."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(_blobs(64, 1))
+
+
+class _TupleNet(TwoStageNet):
+    """Returns (logits, features), as models with auxiliary outputs do."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        features = self.stage2(self.stage1(x))
+        return self.head(features), features
+
+
+def test_fit_names_what_is_wrong_with_the_data_or_the_outputs(tmp_path) -> None:
+    """An empty validation set was scored as loss 0 and accuracy 0 (early stopping fired, best.pt
+    stayed at epoch 1); an IterableDataset failed inside the sampler; a tuple output failed in
+    loop.py with "'tuple' object has no attribute 'float'"."""
+    with pytest.raises(ConfigError, match=r"fastops\.train: val_data is empty"):
+        fit(_model(), _blobs(64, 1), _blobs(0, 2), out_dir=tmp_path, **SMALL)
+    with pytest.raises(ConfigError, match=r"fastops\.train: val_data is empty"):
+        fit(_model(), _blobs(64, 1), DataLoader(_blobs(0, 2), batch_size=4), out_dir=tmp_path, **SMALL)
+    for data in (_Stream(), DataLoader(_Stream(), batch_size=16)):
+        with pytest.raises(TypeError, match=r"fastops\.train: train_data must be a map-style"):
+            fit(_model(), data, out_dir=tmp_path, **SMALL)
+    with pytest.raises(
+        TypeError, match=r"default loss \(cross-entropy\) needs the model to return a tensor.*loss_fn"
+    ):
+        fit(_TupleNet(), _blobs(64, 1), out_dir=tmp_path, **SMALL)
+
+
+def test_fit_takes_a_model_with_tuple_outputs_given_its_loss_and_metric(tmp_path) -> None:
+    summary = fit(
+        _TupleNet(),
+        _blobs(64, 1),
+        _blobs(32, 2),
+        loss_fn=lambda out, batch: nn.functional.cross_entropy(out[0], batch[1]),
+        metric_fn=lambda out, batch: (out[0].argmax(-1) == batch[1]).sum(),
+        out_dir=tmp_path,
+        **SMALL,
+    )
+    assert summary["val_accuracy"] is not None
+
+
+def test_a_bad_fastops_backend_is_a_usage_error_up_front(monkeypatch, capsys) -> None:
+    from fastops.train import cli
+
+    monkeypatch.setenv("FASTOPS_BACKEND", "garbage")
+    with pytest.raises(ConfigError, match=r"FASTOPS_BACKEND='garbage' must be one of"):
+        TrainConfig(**SMALL).validate()  # type: ignore[arg-type]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--epochs", "1", "--device", "cpu", "--no-progress"])
+    assert exit_info.value.code == 2
+    assert "FASTOPS_BACKEND='garbage'" in capsys.readouterr().err
