@@ -1,14 +1,16 @@
-"""examine(): the baseline, each lever alone, the baseline again, then the best combination, profiled.
+"""examine(): the baseline, each lever alone between baselines, then the best combination, profiled.
 
 The order of a run, within the budget:
 
 1. the baseline (the model as given, fp32, contiguous, the baseline optimizer, cudnn.benchmark
-   off), whose first timed step sets how many steps a window has for every trial;
+   off), whose timed steps set how many steps a window has for every trial;
 2. each applicable lever alone, in the registry's order (cheap, likely levers first; compile, batch
-   size and the allocator last), skipped when the estimate of its trial no longer fits the budget;
-3. the baseline again: both runs' windows are pooled, so a machine that drifts during the run
-   widens the baseline's band instead of favouring the levers tried early or late;
-4. the combination of the best "apply" lever of each group, with one profiled step.
+   size and the allocator last), with the baseline again after every BRACKET levers and once at
+   the end; each lever is compared with the windows of the baselines just before and after it, so
+   a machine whose load drifts during the run widens the band instead of favouring the levers
+   tried early or late. A lever whose trial no longer fits the budget is skipped and listed;
+3. the combination of the best "apply" lever of each group, with one profiled step, compared with
+   the last two baselines.
 
 Every trial has the budget left as its timeout, so the run cannot overshoot it by more than a
 process start.
@@ -17,6 +19,7 @@ process start.
 from __future__ import annotations
 
 import copy
+import functools
 import platform
 import re
 import statistics
@@ -51,6 +54,8 @@ from fastops.train.loop import LossFn
 # torch.compile minutes, so the CPU gets more; a GPU step is milliseconds.
 DEFAULT_BUDGET_S = {"cpu": 900.0, "cuda": 600.0}
 WINDOWS = 5
+MARGIN = 1.25  # a trial's estimated wall time, times this, must fit in what is left
+BRACKET = 3  # levers between two baseline runs
 WARMUP = 3
 
 
@@ -141,6 +146,11 @@ class Doctor:
             self.loads[f"{name} {len(self.loads) + 1}"] = {"load_avg": (before, _load_average() or before)}
         return result
 
+    def _load_range(self) -> dict[str, dict[str, Any]]:
+        """The lowest and highest load average seen around the trials, for busy_machine_note."""
+        seen = [v for entry in self.loads.values() for v in entry["load_avg"]]
+        return {"trials": {"load_avg": (min(seen), max(seen))}} if seen else {}
+
     def _left(self, start: float) -> float:
         return self.budget_s - (self.clock() - start)
 
@@ -162,35 +172,50 @@ class Doctor:
                 self._skip(lever.name, reason)
         # Each trial's timed part gets a share of the budget; the rest goes to process starts,
         # warm-ups and compilation.
-        window_s = self.window_s or min(5.0, max(0.2, 0.4 * self.budget_s / (len(todo) + 3) / self.windows))
+        trials = len(todo) + len(todo) // BRACKET + 3
+        window_s = self.window_s or min(5.0, max(0.2, 0.4 * self.budget_s / trials / self.windows))
         plan = Plan(warmup=self.warmup, windows=self.windows, window_s=window_s, timeout_s=self.budget_s)
         first = self._trial("baseline", TrialConfig(), plan)
         if not first.ok:
             raise RuntimeError(f"fastops.doctor: the baseline trial itself failed: {first.error}")
         self.log(f"baseline: {_median(first.samples_per_s):.1f} samples/s ({first.wall_s:.1f} s)")
         plan = replace(plan, steps_per_window=first.steps_per_window)
-        reserve = 2 * first.wall_s  # the second baseline and the combination
+        base_wall = MARGIN * first.wall_s
+        reserve = 2 * base_wall  # the last baseline and the combination
 
-        results: list[tuple[Lever, TrialResult]] = []
+        # Trials in sequence; a baseline after every BRACKET levers, so each lever is compared with
+        # the baselines just before and after it, not with one measured minutes away on a machine
+        # whose load has changed since (seen: the same baseline at 346 and 605 samples/s).
+        baselines: list[tuple[int, TrialResult]] = [(0, first)]
+        results: list[tuple[Lever, TrialResult, int]] = []
         out_of_memory: set[str] = set()
+        since = 0
         for lever in todo:
             if lever.group in out_of_memory and lever.group == "batch size":
                 self._skip(lever.name, "a smaller batch already ran out of memory")
                 continue
+            bracket = base_wall if since >= BRACKET else 0.0
             estimate = first.wall_s * lever.cost + lever.extra_s
             left = self._left(start) - reserve
-            if estimate > left:
-                self._skip(lever.name, f"budget: needs ~{estimate:.0f} s, {max(left, 0):.0f} s left")
+            if estimate + bracket > left:
+                self._skip(
+                    lever.name, f"budget: needs ~{estimate:.0f} s, {max(left - bracket, 0):.0f} s left"
+                )
                 continue
+            if bracket:
+                self._baseline(baselines, len(results) + len(baselines), plan, self._left(start) - reserve)
+                since = 0
             try:
                 cfg = lever.apply(TrialConfig())
             except Exception as e:
                 result = TrialResult(ok=False, error=f"the lever raised {failure_reason(e)}")
             else:
+                left = self._left(start) - reserve
                 result = self._trial(lever.name, cfg, replace(plan, timeout_s=max(left, 1.0)))
             if result.error == "out of memory":
                 out_of_memory.add(lever.group)
-            results.append((lever, result))
+            results.append((lever, result, len(results) + len(baselines)))
+            since += 1
             self.log(
                 f"{lever.name}: "
                 + (
@@ -200,21 +225,29 @@ class Doctor:
                 )
             )
 
-        second: TrialResult | None = None
-        if self._left(start) >= first.wall_s:
-            second = self._trial(
-                "baseline", TrialConfig(), replace(plan, profile=True, timeout_s=self._left(start))
+        # Which levers the last bracket would combine: the closing baseline's timeout leaves room
+        # for their combination, worth more than the closing baseline if one must give way.
+        provisional = self._best_per_group(
+            [self._outcome(lv, r, first, _bracket(baselines, pos)) for lv, r, pos in results]
+        )
+        kept = base_wall if provisional else 0.0
+        closing: TrialResult | None = None
+        if results and self._left(start) - kept >= base_wall:
+            closing = self._baseline(
+                baselines,
+                len(results) + len(baselines),
+                replace(plan, profile=True),
+                self._left(start) - kept,
             )
-        if second is None or not second.ok:
-            self._skip("baseline (second run)", "budget" if second is None else f"failed: {second.error}")
-            second = None
-        base_rates = first.samples_per_s + (second.samples_per_s if second else [])
-        baseline = self._outcome_of_baseline(first, base_rates)
-        outcomes = [self._outcome(lever, r, first, base_rates) for lever, r in results]
+        elif results:
+            self._skip("baseline (closing run)", "budget, kept for the combination")
+        outcomes = [self._outcome(lv, r, first, _bracket(baselines, pos)) for lv, r, pos in results]
+        all_rates = [rate for _, b in baselines for rate in b.samples_per_s]
+        baseline = self._outcome_of_baseline(first, all_rates)
 
         chosen = self._best_per_group(outcomes)
         combination: Outcome | None = None
-        profile, profile_of = (second.profile, "the baseline") if second else (None, "")
+        profile, profile_of = (closing.profile, "the baseline") if closing else (None, "")
         if chosen:
             cfg = TrialConfig()
             for lever in chosen:
@@ -226,7 +259,9 @@ class Doctor:
                 combined = Lever(
                     name, "combination", lambda c: None, lambda c: cfg, tuple(code_lines(chosen))
                 )
-                combination = self._outcome(combined, combo, first, base_rates)
+                # Against the last two baselines, the ones nearest in time.
+                recent = [rate for _, b in baselines[-2:] for rate in b.samples_per_s]
+                combination = self._outcome(combined, combo, first, recent)
                 if combo.ok and combo.profile:
                     profile, profile_of = combo.profile, "the combination"
             else:
@@ -249,8 +284,20 @@ class Doctor:
             profile=profile,
             profile_of=profile_of,
             environment=environment(torch.device(self.payload.device)),
-            busy=busy_machine_note(self.loads),
+            busy=busy_machine_note(self._load_range()),
+            baseline_runs=len(baselines),
         )
+
+    def _baseline(
+        self, baselines: list[tuple[int, TrialResult]], position: int, plan: Plan, timeout: float
+    ) -> TrialResult:
+        """A bracketing baseline trial at ``position`` in the sequence; kept when it succeeds."""
+        result = self._trial("baseline", TrialConfig(), replace(plan, timeout_s=max(timeout, 1.0)))
+        if result.ok:
+            baselines.append((position, result))
+        else:
+            self._skip(f"baseline (run {len(baselines) + 1})", f"failed: {result.error}")
+        return result
 
     def _outcome_of_baseline(self, first: TrialResult, rates: list[float]) -> Outcome:
         band = speedup_band(rates, rates)
@@ -326,6 +373,13 @@ class Doctor:
         return [lever for lever in lever_registry.levers() if lever.name == best.name]
 
 
+def _bracket(baselines: Sequence[tuple[int, TrialResult]], position: int) -> list[float]:
+    """The windows of the baselines just before and just after ``position`` in the sequence."""
+    before = [b for pos, b in baselines if pos < position][-1:]
+    after = [b for pos, b in baselines if pos > position][:1]
+    return [rate for b in before + after for rate in b.samples_per_s]
+
+
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -337,7 +391,7 @@ def _memory_note(r: TrialResult, first: TrialResult) -> str:
     before = first.memory_before_mb or 0
     base_act = (first.peak_memory_mb or 0) - before
     act = (r.peak_memory_mb or 0) - (r.memory_before_mb or before)
-    note = f"saves {saved:.0f} MB"
+    note = f"saves {saved:.0f} MB" if saved >= 0 else f"peak {-saved:.0f} MB higher, no saving measured"
     if act > 0 and base_act > act:
         note += f", ~batch {int(first.batch_size * base_act / act)} in the baseline's memory"
     return note
@@ -415,7 +469,13 @@ def examine(
     payload = Payload(weights, batch, str(dev), loss_fn, optimizer_factory, data, found, threads=threads)
     runner = SubprocessRunner(payload)
     try:
-        doctor = Doctor(payload, runner, budget, chosen, log=print if verbose else (lambda line: None))
+        doctor = Doctor(
+            payload,
+            runner,
+            budget,
+            chosen,
+            log=functools.partial(print, flush=True) if verbose else (lambda line: None),
+        )
         report = doctor.run()
     finally:
         runner.close()

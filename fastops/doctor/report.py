@@ -131,6 +131,7 @@ class Report:
     profile_of: str = ""
     environment: dict[str, str] = field(default_factory=dict)
     busy: str | None = None  # a note when other jobs loaded the CPUs during the trials
+    baseline_runs: int = 1  # the baseline row pools all of them
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -150,7 +151,8 @@ class Report:
             rows.append(_row(self.combination))
         lines = [
             f"fastops.doctor on {self.device}: batch {self.batch_size}, {self.windows} windows of "
-            f"{self.steps_per_window} steps per trial, {self.elapsed_s:.0f} s of a {self.budget_s:.0f} s budget",
+            f"{self.steps_per_window} steps per trial, {self.baseline_runs} baseline runs, "
+            f"{self.elapsed_s:.0f} s of a {self.budget_s:.0f} s budget",
             "",
             *rows,
             "",

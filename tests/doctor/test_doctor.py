@@ -119,8 +119,10 @@ def test_ranking_verdicts_and_combination() -> None:
     names = ["amp-bf16", "channels-last", "fused-adamw", "adamw-foreach", "adamw-fused"]
     report = _doctor(runner, clock, names).run()
 
-    # Trial order: baseline, the levers in registry order, the baseline again, the combination.
-    assert [c[0] for c in runner.calls] == ["baseline", *names, "baseline", "combination"]
+    # Trial order: the levers in registry order between baselines (one after every three levers and
+    # one closing), then the combination.
+    expected = ["baseline", *names[:3], "baseline", *names[3:], "baseline", "combination"]
+    assert [c[0] for c in runner.calls] == expected
     assert [o.name for o in report.levers] == [
         "amp-bf16",
         "adamw-foreach",
@@ -148,7 +150,39 @@ def test_ranking_verdicts_and_combination() -> None:
     assert report.profile_of == "the combination"
     # Every later trial runs the baseline's window length.
     assert {c[2].steps_per_window for c in runner.calls[1:]} == {4}
-    assert report.elapsed_s == pytest.approx(10.0 * 8)
+    assert report.elapsed_s == pytest.approx(10.0 * 9)
+    assert report.baseline_runs == 3
+
+
+def test_levers_are_compared_with_the_baselines_around_them() -> None:
+    """The machine gets twice as fast after the fifth trial (the bracketing baseline): levers that
+    change nothing must not come out "apply" (they would, at 2x, against the first baseline alone)."""
+    clock = FakeClock()
+
+    class Drifting(Scripted):
+        def __call__(self, cfg: TrialConfig, plan: Plan) -> TrialResult:
+            result = super().__call__(cfg, plan)
+            if len(self.calls) > 5:
+                result.samples_per_s = [2 * r for r in result.samples_per_s]
+            return result
+
+    names = ["amp-bf16", "channels-last", "fused-adamw", "adamw-foreach", "adamw-fused"]
+    runner = Drifting(clock, {})
+    report = _doctor(runner, clock, names).run()
+    assert [c[0] for c in runner.calls][:5] == [
+        "baseline",
+        "amp-bf16",
+        "channels-last",
+        "fused-adamw",
+        "baseline",
+    ]
+    verdicts = {o.name: o.verdict for o in report.levers}
+    assert set(verdicts.values()) == {"no gain"}, verdicts
+    speedups = {o.name: o.speedup for o in report.levers}
+    assert speedups["amp-bf16"] == pytest.approx(1.0)  # both its baselines before the drift
+    assert speedups["adamw-fused"] < 1.5  # one baseline before the drift, one after: a wide band
+    # The baseline row pools every run: its band shows the drift.
+    assert report.baseline.band is not None and report.baseline.band[1] > 1.5
 
 
 def test_combination_slower_than_best_single_recommends_the_single() -> None:
@@ -182,12 +216,24 @@ def test_budget_is_honoured_and_skips_are_listed() -> None:
         assert plan.timeout_s is not None and at + plan.timeout_s <= start + budget + 1e-9
     skipped = {s["name"]: s["reason"] for s in report.skipped}
     assert "compile" in skipped and skipped["compile"].startswith("budget")
-    assert skipped["batch-x4"].startswith("budget")
-    # 10 s trials, 20 s kept for the second baseline and the combination: batch-x2 (~15 s) still
-    # fits after compile is skipped, batch-x4 (~25 s) does not.
+    assert skipped["batch-x2"].startswith("budget") and skipped["batch-x4"].startswith("budget")
+    # 10 s trials, 25 s kept for the second baseline and the combination (with the 1.25 margin):
+    # three levers fit, compile (~75 s) and the batches (~15, ~25 s) no longer do. The combination
+    # of the one "apply" lever is that lever's config, measured again with a profile.
     ran = [c[0] for c in runner.calls]
-    # The combination of the one "apply" lever is that lever's config, measured again with a profile.
-    assert ran == ["baseline", "amp-bf16", "channels-last", "fused-adamw", "batch-x2", "baseline", "amp-bf16"]
+    assert ran == ["baseline", "amp-bf16", "channels-last", "fused-adamw", "baseline", "amp-bf16"]
+
+
+def test_the_second_baseline_leaves_room_for_the_combination() -> None:
+    clock = FakeClock()
+    runner = Scripted(clock, {"amp-bf16": 1.5}, wall=10.0, walls={"channels-last": 30.0})
+    start, budget = clock.now, 70.0
+    report = _doctor(runner, clock, ["amp-bf16", "channels-last"], budget=budget).run()
+    assert [c[0] for c in runner.calls] == ["baseline", "amp-bf16", "channels-last", "baseline", "amp-bf16"]
+    _, _, plan, at = runner.calls[3]
+    assert plan.timeout_s is not None and at + plan.timeout_s <= start + budget - 1.25 * 10.0
+    assert report.combination is not None and report.recommended == ["amp-bf16"]
+    assert {o.name: o.verdict for o in report.levers}["channels-last"] == "failed: timed out"
 
 
 def test_oom_in_a_smaller_batch_skips_the_larger() -> None:
