@@ -75,8 +75,8 @@ def default_blocks(model: nn.Module) -> tuple[str, ...]:
     return ()
 
 
-def environment(device: torch.device) -> dict[str, str]:
-    """Versions and the machine, for the report."""
+def environment(device: torch.device, threads: int = 0) -> dict[str, str]:
+    """Versions and the machine, for the report; ``threads``: the trials' (0: torch's default)."""
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
@@ -88,7 +88,7 @@ def environment(device: torch.device) -> dict[str, str]:
         "fastops": fastops.__version__,
         "python": platform.python_version(),
         "cpu": cpu,
-        "threads": str(torch.get_num_threads()),
+        "threads": str(threads or torch.get_num_threads()),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     if device.type == "cuda":
@@ -283,7 +283,7 @@ class Doctor:
             order=[lever.name for lever in todo],
             profile=profile,
             profile_of=profile_of,
-            environment=environment(torch.device(self.payload.device)),
+            environment=environment(torch.device(self.payload.device), self.payload.threads),
             busy=busy_machine_note(self._load_range()),
             baseline_runs=len(baselines),
         )
