@@ -9,7 +9,6 @@ levers (the allocator) take effect at process start, where glibc and LD_PRELOAD 
 from __future__ import annotations
 
 import functools
-import math
 import multiprocessing as mp
 import os
 import pickle
@@ -441,7 +440,3 @@ def _exit_reason(code: int | None) -> str:
             name = f"signal {-code}"
         return f"{name}; killed by the system if it ran out of memory" if name == "SIGKILL" else name
     return f"exit code {code}"
-
-
-def finite(values: Sequence[float]) -> bool:
-    return all(math.isfinite(v) for v in values)
