@@ -475,7 +475,10 @@ def test_real_run_of_the_bundled_convnet(tmp_path: Path) -> None:
     for o in report.levers:
         assert o.verdict in VERDICTS or o.verdict.startswith("failed: "), o.verdict
     checkpointing = next(o for o in report.levers if o.name == "checkpointing")
-    assert not checkpointing.failed and "saves" in checkpointing.note
+    # Peak RSS on the CPU: the saving of an 8x8 model can drown in the allocator's noise, and the
+    # note says so rather than a negative saving.
+    assert not checkpointing.failed
+    assert "saves" in checkpointing.note or "no saving measured" in checkpointing.note
     assert report.profile is not None and report.profile["top_ops"]
     assert report.profile["shares"]["pytorch_kernels"] > 0
     _check_schema(json.loads((tmp_path / "doctor.json").read_text()))
