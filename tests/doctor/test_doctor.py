@@ -522,3 +522,14 @@ def test_cli_errors_name_the_doctor(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--budget", "-1"])
     assert "fastops.doctor: --budget" in capsys.readouterr().err
+
+
+def test_checkpointing_memory_note() -> None:
+    from fastops.doctor.examine import _memory_note
+
+    base = TrialResult(ok=True, peak_memory_mb=500.0, memory_before_mb=300.0, batch_size=64)
+    # Activations 200 MB -> 100 MB: twice the batch fits in the baseline's peak.
+    less = TrialResult(ok=True, peak_memory_mb=400.0, memory_before_mb=300.0, batch_size=64)
+    assert _memory_note(less, base) == "saves 100 MB, ~batch 128 in the baseline's memory"
+    more = TrialResult(ok=True, peak_memory_mb=540.0, memory_before_mb=300.0, batch_size=64)
+    assert _memory_note(more, base) == "peak 40 MB higher, no saving measured"
