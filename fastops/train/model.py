@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from fastops.swap import SwapReport, swap_modules
 from fastops.train import extras
-from fastops.train.config import ConfigError
+from fastops.train.config import ConfigError, TrainConfig
 
 
 class SqueezeExcite(nn.Module):
@@ -210,6 +210,21 @@ def load_model(
         raise ConfigError(f"fastops.train: --model {spec}: {module_name!r} has no callable {attr!r}")
     return _call_factory(
         factory, spec, num_classes=num_classes, in_channels=in_channels, image_size=image_size
+    )
+
+
+def model_from_config(cfg: TrainConfig, *, in_channels: int, num_classes: int) -> nn.Module:
+    """The model ``cfg.model`` names, for data of ``in_channels`` and ``num_classes``, with its
+    initial weights drawn from ``cfg.seed`` (the same on every rank, and in every run of the seed)."""
+    torch.manual_seed(cfg.seed)
+    return load_model(
+        cfg.model,
+        in_channels=in_channels,
+        num_classes=num_classes,
+        image_size=cfg.image_size,
+        width=cfg.width,
+        dropout=cfg.dropout,
+        pretrained=cfg.pretrained,
     )
 
 

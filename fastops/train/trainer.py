@@ -36,7 +36,7 @@ from fastops.train.loop import (
     train_step,
 )
 from fastops.train.metrics import EarlyStopping, MetricsWriter, peak_memory_mb, write_json
-from fastops.train.model import SeparableBlock, load_model
+from fastops.train.model import SeparableBlock, model_from_config
 
 # What train_data/val_data/test_data may be: a Dataset (we build the loader) or a ready loader.
 TrainData = Dataset | DataLoader | Iterable[Batch]
@@ -139,16 +139,7 @@ class Trainer:
         info = distributed.setup(cfg.resolved_device())
         data = build_data(cfg, rank=info.rank, world_size=info.world_size, device=info.device)
         # Same seed on every rank for the initial weights (DDP would broadcast rank 0's anyway).
-        torch.manual_seed(cfg.seed)
-        model = load_model(
-            cfg.model,
-            in_channels=data.in_channels,
-            num_classes=data.num_classes,
-            image_size=cfg.image_size,
-            width=cfg.width,
-            dropout=cfg.dropout,
-            pretrained=cfg.pretrained,
-        )
+        model = model_from_config(cfg, in_channels=data.in_channels, num_classes=data.num_classes)
         augment = None
         if cfg.augment and cfg.dataset == "digits":
             shift = cfg.image_size / 8  # up to one original pixel
