@@ -10,6 +10,9 @@ for depthwise) inputs; forward without grad, and forward + ``torch.autograd.grad
 * ``torch.ops``: the registered op called directly (``torch.ops.fastops.gelu``);
 * ``module``: the ``fastops.nn`` module under ``backend="auto"`` with its kernel choice made (tuned
   before timing), which is what a swapped model pays per layer;
+* ``nn.Module(torch.ops)``: a bare ``nn.Module`` whose forward only calls the registered op, the
+  floor of any module (the module call itself); ``module`` minus this is the cost of the kernel
+  choice and of the module's own argument handling;
 * ``eager``: the expression each op replaces.
 
 Bandwidth means nothing here (0 bytes counted).
@@ -36,6 +39,17 @@ def _fwd_bwd(fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...]) 
     leaves = tuple(t.detach().clone().requires_grad_(True) for t in inputs)
     g = torch.ones_like(fn(*leaves))
     return lambda: torch.autograd.grad(fn(*leaves), leaves, g, allow_unused=True)
+
+
+class _Bare(torch.nn.Module):
+    """The floor of a module's call: nn.Module.__call__ around the registered op, nothing else."""
+
+    def __init__(self, op: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.op(*inputs)
 
 
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
@@ -91,7 +105,13 @@ def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     }
     for name, (inputs, ours, raw, module, eager) in ops.items():
         size = "x".join(str(s) for s in inputs[0].shape)
-        providers = {"fastops": ours, "torch.ops": raw, "module": module, "eager": eager}
+        providers = {
+            "fastops": ours,
+            "torch.ops": raw,
+            "module": module,
+            "nn.Module(torch.ops)": _Bare(raw),
+            "eager": eager,
+        }
         with torch.no_grad():
             module(*inputs)  # the module's kernel choice for inference, made before timing
         fwd = {k: lambda f=f, a=inputs: f(*a) for k, f in providers.items()}
