@@ -2,8 +2,9 @@
 
 The first time a module (under ``backend="auto"``) sees a new kind of input, the tuner times our
 kernel against PyTorch's for it (the forward, or forward + backward when autograd will differentiate
-the call), interleaved and repeated, and keeps ours only when it is faster by at least
-:data:`MARGIN`, so that noise does not flip a choice to the slower kernel. The two outputs are also
+the call), interleaved and repeated (three times the rounds for a close call), and keeps ours only
+when the median of the rounds' paired speedups is at least 1 + :data:`MARGIN`, so that noise does
+not flip a choice to the slower kernel. The two outputs are also
 compared: a kernel that disagrees with PyTorch's is not chosen (and a warning asks for a report).
 
 A kind of input is everything that can change which kernel is faster: the op and its parameters,
@@ -611,21 +612,35 @@ def _measure(module: policy.TunedModule, x: Tensor, training: bool) -> dict[str,
         per_round = 2 * reps * single
         rounds = max(3, min(9, int(0.2 / per_round))) | 1
         samples: dict[str, list[float]] = {"fastops": [], "torch": []}
-        for r in range(rounds):  # interleaved, alternating which goes first
-            order = (
-                (("fastops", ours), ("torch", theirs))
-                if r % 2 == 0
-                else (("torch", theirs), ("fastops", ours))
-            )
-            for path, fn in order:
-                samples[path].append(timer(path, fn, reps))
+
+        def time_rounds(count: int) -> None:
+            for _ in range(count):  # interleaved, alternating which goes first
+                first = len(samples["fastops"]) % 2 == 0
+                order = (
+                    (("fastops", ours), ("torch", theirs))
+                    if first
+                    else (("torch", theirs), ("fastops", ours))
+                )
+                for path, fn in order:
+                    samples[path].append(timer(path, fn, reps))
+
+        time_rounds(rounds)
+        if abs(_paired_speedup(samples) - (1 + MARGIN)) < 0.05:
+            time_rounds(2 * rounds)  # a close call: three times the rounds before deciding
     ours_s, torch_s = statistics.median(samples["fastops"]), statistics.median(samples["torch"])
     entry = {
-        "choice": "fastops" if ours_s * (1 + MARGIN) <= torch_s else "torch",
+        "choice": "fastops" if _paired_speedup(samples) >= 1 + MARGIN else "torch",
         "fastops_us": round(ours_s * 1e6, 3),
         "torch_us": round(torch_s * 1e6, 3),
     }
     return _finish(entry, started)
+
+
+def _paired_speedup(samples: dict[str, list[float]]) -> float:
+    """The median over rounds of PyTorch's time / ours within the round: a change of load or clock
+    during timing moves both of a round's samples, so the ratios cancel it where medians of each
+    side would not."""
+    return statistics.median(t / o for o, t in zip(samples["fastops"], samples["torch"], strict=True))
 
 
 def _finish(entry: dict[str, Any], started: float) -> dict[str, Any]:

@@ -79,6 +79,14 @@ def test_the_faster_kernel_wins_and_ours_needs_the_margin(
     assert 0 < tuner.MARGIN <= 0.03
 
 
+def test_a_close_call_is_timed_three_times_as_long() -> None:
+    _, clear = _measure_once(1.0, 2.0)
+    tuner.clear_memory()
+    _, close = _measure_once(1.0, 1.03, torch.randn(5, 8))
+    # two calibration calls each, then rounds of two: three times the rounds when it is close
+    assert close.calls - 2 == 3 * (clear.calls - 2)
+
+
 def test_a_choice_is_timed_once_and_remembered() -> None:
     m, timer = _measure_once(1.0, 2.0)
     timed = timer.calls
