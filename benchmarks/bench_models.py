@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -84,11 +83,7 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--amp", nargs="+", choices=list(AMP_DTYPES), default=list(AMP_DTYPES))
     parser.add_argument("--batch-size", type=int, default=0, help="0: 16 on the CPU, 64 on CUDA")
     parser.add_argument("--image-size", type=int, default=0, help="0: 128 on the CPU, 224 on CUDA")
-    parser.add_argument(
-        "--warm-cache",
-        action="store_true",
-        help="tune with the user's kernel-choice cache (default: an empty one, so the notes show the cold cost)",
-    )
+    common.add_warm_cache_option(parser)
 
 
 def shape(args: argparse.Namespace) -> tuple[int, int]:
@@ -102,10 +97,9 @@ TUNING: list[str] = []
 
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     batch, image = shape(args)
-    if not args.warm_cache:
-        # A cache of this run's own, empty: the first swapped model's tuning is the cold cost a new
-        # user pays once per machine; later ones (the compiled provider) read what it measured.
-        os.environ["FASTOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastops-bench-models-")
+    # The first swapped model's tuning is the cold cost a new user pays once per machine; later ones
+    # (the compiled provider) read what it measured.
+    common.empty_kernel_choice_cache(args)
     modes = [False] if args.no_compile else [False, True]
     for name in args.models:
         library = MODELS[name][0]

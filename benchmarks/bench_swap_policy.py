@@ -48,6 +48,7 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--layouts", default="nchw,channels_last", help="of the conv and SE inputs")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    common.add_warm_cache_option(parser)
 
 
 def _providers(
@@ -92,6 +93,7 @@ def _case(
 def cases(args: argparse.Namespace) -> Iterator[common.BenchCase]:
     # "auto" must mean the kernel choice as users get it, not a backend forced for the whole process.
     os.environ.pop(policy.BACKEND_ENV, None)
+    common.empty_kernel_choice_cache(args)
     device, batch = args.device, args.batch
     wanted, modes = args.modules.split(","), args.modes.split(",")
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:

@@ -34,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -113,6 +114,22 @@ def check_speedups(
                 if speedup < minimum:
                     failures.append(CheckFailure(key, ours, baseline, speedup))
     return failures
+
+
+def empty_kernel_choice_cache(args: argparse.Namespace) -> None:
+    """Unless ``--warm-cache``, point fastops' kernel-choice cache at a new empty directory, so that a
+    run measures every choice itself (and reports what that cost) instead of reusing an earlier run's."""
+    if not getattr(args, "warm_cache", False):
+        os.environ["FASTOPS_CACHE_DIR"] = tempfile.mkdtemp(prefix="fastops-bench-cache-")
+
+
+def add_warm_cache_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warm-cache",
+        action="store_true",
+        help="use the kernel-choice cache as it is (default: an empty one, so every choice is measured "
+        "in this run and its cost reported)",
+    )
 
 
 def fair_cpu_allocation() -> bool:
