@@ -15,6 +15,7 @@
 #include <Python.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -35,7 +36,8 @@ inline void mix(uint64_t& h, uint64_t v) {
 }
 
 PyObject* call_signature(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 2) {
+  HANDLE_TH_ERRORS  // a c10::Error becomes a Python exception, never std::terminate
+      if (nargs != 2) {
     PyErr_SetString(PyExc_TypeError, "fastops._C.call_signature: expected (x, params)");
     return nullptr;
   }
@@ -67,11 +69,13 @@ PyObject* call_signature(PyObject* /*self*/, PyObject* const* args, Py_ssize_t n
   mix(h, (static_cast<uint64_t>(device_type) << 8) | static_cast<uint8_t>(device.index()));
   mix(h, (differentiated ? 1 : 0) | (grad_mode ? 2 : 0));
   if (device_type == c10::DeviceType::CPU) mix(h, static_cast<uint64_t>(at::get_num_threads()));
-  if (at::autocast::is_autocast_enabled(device_type)) {
+  // Only device types with an autocast mode: asking about another (meta) throws.
+  if (at::autocast::is_autocast_available(device_type) && at::autocast::is_autocast_enabled(device_type)) {
     mix(h, 0x100 | static_cast<uint64_t>(at::autocast::get_autocast_dtype(device_type)));
   }
   mix(h, at::globalContext().deterministicAlgorithms() ? 1 : 0);
   return PyLong_FromUnsignedLongLong(h);
+  END_HANDLE_TH_ERRORS
 }
 
 // cached_choice(module, x, counts): the whole per-call decision of a module that has decided on this
@@ -80,6 +84,7 @@ PyObject* call_signature(PyObject* /*self*/, PyObject* const* args, Py_ssize_t n
 // other than "auto", FASTOPS_BACKEND set to anything but auto, a torch.func transform active, no
 // memo yet, or a kind of input the module has not seen (fastops/policy.py, fastops/tuner.py).
 PyObject* cached_choice(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
   if (nargs != 3) {
     PyErr_SetString(PyExc_TypeError, "fastops._C.cached_choice: expected (module, x, counts)");
     return nullptr;
@@ -138,6 +143,7 @@ PyObject* cached_choice(PyObject* /*self*/, PyObject* const* args, Py_ssize_t na
   Py_XDECREF(memo);
   Py_DECREF(state);
   return result;
+  END_HANDLE_TH_ERRORS
 }
 
 }  // namespace

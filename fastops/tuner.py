@@ -402,6 +402,8 @@ def decide(module: policy.TunedModule, x: Tensor) -> bool:
     module has not seen, from the cache or measured now; True means PyTorch's kernel."""
     if not isinstance(x, Tensor):
         return False  # our op names what it expected
+    if x.device.type == "meta":
+        return False  # shapes only (meta-device init, FLOP counters): nothing to time; our meta kernel
     with _LOCK:
         state = _state(module)
         signature = policy._call_signature(x, state.params)

@@ -349,6 +349,16 @@ def test_what_pytorch_takes_and_ours_refuses_runs_pytorch() -> None:
     assert policy.fallback_counts()["gelu"] == 1
 
 
+def test_the_meta_device_times_nothing() -> None:
+    """Shape-only calls (meta-device init, FLOP counters) run through without timing anything."""
+    timer = FakeTimer(1.0, 2.0)
+    with tuner.use_timer(timer):
+        y = DepthwiseConv2d(4, 3, padding=1, device="meta")(torch.randn(2, 4, 6, 6, device="meta"))
+        z = GELU()(torch.randn(3, device="meta"))
+    assert y.shape == (2, 4, 6, 6) and y.is_meta and z.is_meta and timer.calls == 0
+    assert not tuner.CACHE.all_entries()
+
+
 def test_backend_and_environment_override_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     m = GELU()
     timer = FakeTimer(1.0, 2.0)
