@@ -117,7 +117,7 @@ upgrade-check: install .venv-cuda/.installed
 	if [ "$$built" = "$$running" ]; then echo "upgrade-check: both envs run torch $$built, nothing to check"; exit 0; fi; \
 	if (cd $$tmp && $(CURDIR)/.venv-cuda/bin/python -c "import fastops") 2> $$tmp/err.txt; then \
 	  echo "upgrade-check: the library built for torch $$built imported under torch $$running"; exit 1; fi; \
-	if ! grep -qF "compiled against torch $$built, but torch $$running is running" $$tmp/err.txt || \
+	if ! grep -qF "compiled against torch $$built" $$tmp/err.txt || ! grep -qF "but torch $$running" $$tmp/err.txt || \
 	   ! grep -qF "pip install --no-build-isolation --force-reinstall --no-deps" $$tmp/err.txt; then \
 	  tail -5 $$tmp/err.txt; echo "upgrade-check: not the expected error"; exit 1; fi; \
 	tail -3 $$tmp/err.txt; echo "upgrade-check: a build for torch $$built is refused by name under torch $$running"
