@@ -326,6 +326,19 @@ def test_a_kernel_that_disagrees_with_pytorch_is_not_chosen() -> None:
     assert record.choice and record.entry["why"] == "outputs disagreed"
 
 
+def test_under_autocast_fp32_outputs_are_judged_at_half_precision() -> None:
+    """PyTorch's SE block under bf16 autocast runs its FCs in bf16 inside an fp32 result (0.2-0.5%
+    off ours, which keeps them in fp32): the same computation, so ours stays a candidate."""
+    from fastops.nn import SqueezeExcite
+
+    m = SqueezeExcite(16, 8, act="relu", gate="sigmoid", conv=True)
+    x = torch.randn(16, 16, 32, 32).contiguous(memory_format=torch.channels_last).requires_grad_()
+    with tuner.use_timer(FakeTimer(1.0, 2.0)), torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x)
+    (record,) = m.__dict__[policy.STATE_ATTR].records.values()
+    assert not record.choice and "why" not in record.entry
+
+
 def test_our_error_reaches_the_caller_and_nothing_is_cached() -> None:
     m = DepthwiseConv2d(4, 3, padding=1)
     with tuner.use_timer(FakeTimer(1.0, 2.0)), pytest.raises(ValueError, match=r"fastops\.depthwise_conv2d"):
