@@ -149,6 +149,12 @@ def _cached_choice(module: nn.Module, x: object, counts: Counter[str]) -> bool |
 _is_compiling = torch.compiler.is_compiling
 
 
+def differentiated(x: Tensor, params: tuple[Tensor, ...] | None) -> bool:
+    """Whether autograd will differentiate a call on ``x`` of a module holding ``params``: the
+    "training" part of a kind of input (forward + backward is what gets timed then)."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params or ()))
+
+
 def runs_torch(module: TunedModule, x: Tensor) -> bool:
     """Whether ``module`` runs PyTorch's kernel for input ``x``: its ``backend``, else
     FASTOPS_BACKEND, else under ``"auto"`` the tuner's measured choice for this kind of input.
@@ -196,6 +202,6 @@ def _decide(module: TunedModule, x: Tensor) -> bool:
         module.fastops_details(),
         x.device.type,
         x.dtype,
-        torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in module.parameters())),
+        differentiated(x, tuple(module.parameters())),
         x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
     )

@@ -95,6 +95,7 @@ class Record:
     choice: bool  # True: PyTorch's kernel
     entry: dict[str, Any]
     source: str  # "measured", "cache", "shipped", "default: <why>"
+    remember: bool = True  # False: good for this call only (a CUDA graph capture), decide again later
 
 
 @dataclass
@@ -278,8 +279,8 @@ class _Cache:
                 f"fastops tuner: cannot write the kernel-choice cache ({error}); choices stay in memory",
             )
 
-    def shipped_get(self, key: Key) -> dict[str, Any] | None:
-        """A table shipped with fastops, used only on exactly the machine and versions it was
+    def shipped_entries(self) -> dict[Key, dict[str, Any]]:
+        """The tables shipped with fastops, used only on exactly the machine and versions they were
         measured on (everything in the fingerprint but the library's hash)."""
         if self.shipped is None:
             self.shipped = {}
@@ -292,7 +293,7 @@ class _Cache:
                         self.shipped.update({_key_from_json(e["key"]): e["entry"] for e in data["entries"]})
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
-        return self.shipped.get(key)
+        return self.shipped
 
     def all_entries(self) -> dict[Key, dict[str, Any]]:
         self.load()
@@ -322,10 +323,6 @@ def _device_name(x: Tensor) -> str:
         major, minor = torch.cuda.get_device_capability(index)
         return f"cuda:{torch.cuda.get_device_name(index)}:sm_{major}{minor}"
     return x.device.type
-
-
-def _channels_last(x: Tensor) -> bool:
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
 
 
 def _key(state: TuningState, x: Tensor, training: bool) -> Key:
@@ -407,16 +404,14 @@ def decide(module: policy.TunedModule, x: Tensor) -> bool:
     with _LOCK:
         state = _state(module)
         signature = policy._call_signature(x, state.params)
-        training = torch.is_grad_enabled() and (
-            x.requires_grad or any(p.requires_grad for p in state.params or ())
-        )
+        training = policy.differentiated(x, state.params)
         key = _key(state, x, training)
         record = state.records.get(key)
         if record is None:
             record = _lookup_or_measure(module, state, x, key, training)
         if record is None:  # our kernel raised: run it, so that its error reaches the caller
             return False
-        if record.source != "default: CUDA graph capture":
+        if record.remember:
             state.records[key] = record
             if signature is not None and len(state.memo) < 4 * MAX_SIGNATURES:
                 state.memo[signature] = record.choice
@@ -437,12 +432,12 @@ def _lookup_or_measure(
     entry = CACHE.get(key)
     if entry is not None:
         return Record(key, entry["choice"] == "torch", entry, "cache")
-    entry = CACHE.shipped_get(key)
+    entry = CACHE.shipped_entries().get(key)
     if entry is not None:
         return Record(key, entry["choice"] == "torch", entry, "shipped")
     torch_entry = {"choice": "torch", "fastops_us": None, "torch_us": None}
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return Record(key, True, torch_entry, "default: CUDA graph capture")
+        return Record(key, True, torch_entry, "default: CUDA graph capture", remember=False)
     if not tuning_enabled():
         _notice(
             "disabled",
@@ -694,8 +689,7 @@ def compiled_choice(
     if not choices:
         choices = matching([(k, e["choice"] == "torch") for k, e in CACHE.all_entries().items()])
     if not choices:
-        CACHE.shipped_get(())
-        choices = matching([(k, e["choice"] == "torch") for k, e in (CACHE.shipped or {}).items()])
+        choices = matching([(k, e["choice"] == "torch") for k, e in CACHE.shipped_entries().items()])
     if not choices:
         _notice(
             "compile",
@@ -783,14 +777,13 @@ def tune(
         m.__dict__.pop(policy.STATE_ATTR, None)  # look every kind of input up again, to report it
         m.__dict__["_fastops_tune_name"] = name
     modes = {m: m.training for m in model.modules()}
-    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     device = next((t.device for t in model.parameters()), torch.device("cpu"))
     before = stats()
     log: list[tuple[str, nn.Module, Record]] = []
     _TUNE_LOG.append(log)
     _FORCE_TUNING.on = True
     try:
-        with _state_kept(nn.Module(), device), torch.set_grad_enabled(training):
+        with _state_kept(model, device), torch.set_grad_enabled(training):
             model.train(training)
             if isinstance(example_inputs, dict):
                 model(**example_inputs)
@@ -805,9 +798,6 @@ def tune(
             if sub.training != mode:
                 sub.__dict__.pop(policy.STATE_ATTR, None)  # a mode-dependent choice (BatchNorm) is stale
                 sub.training = mode
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
     if broadcast and torch.distributed.is_available() and torch.distributed.is_initialized():
         _adopt_rank0(log)
     after = stats()
