@@ -2,7 +2,7 @@
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
 #   make test-avx2   the CPU op tests again as an AVX2-only x86-64 CPU runs them (AVX2 build, ATen and oneDNN capped)
-#   make bench       run every benchmarks/bench_*.py on this machine, results into benchmarks/results/
+#   make bench       run every benchmarks/bench_*.py on this machine, a CSV per run into benchmarks/results/data/
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
 #   make cuda-check  build + link the CUDA kernels against a CUDA 13 torch (no GPU needed)

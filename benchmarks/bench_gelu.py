@@ -207,7 +207,7 @@ def activation_share(results: list[common.Result]) -> list[common.Result]:
     return [r for r in results if r.case != "mlp_activation"]
 
 
-# Why the numbers are what they are (CPU, AVX-512); kept with the results. Development measurements:
+# Why the numbers are what they are (CPU, AVX-512); printed with the results. Development measurements:
 # one thread, 1M fp32 elements, min of 30-40 calls, same machine as the tables, other jobs running.
 CPU_ANALYSIS = """
 **Cost model, erf form (per 16 fp32 lanes, AVX-512).** Eager's vectorized erf is Abramowitz-Stegun 7.1.26

@@ -4,7 +4,10 @@ A bench_<op>.py declares its cases and hands them to `run_benchmark`: a generato
 (one case, direction, dtype and size each, with the op's byte and FLOP counts and a callable per
 provider), plus optionally its own command-line options, notes and summary. The runner does the
 rest: arguments, CPU allocation fairness, the copy roofline, timing every case with its providers
-interleaved, the Result rows, the printed table and the CSV/markdown files with the environment.
+interleaved, the Result rows, the printed markdown table, and one CSV file for the run in the long
+format of benchmarks/results/data (COLUMNS: a row per case and provider, with the machine, versions,
+git sha and dirty flag, date and tag on every row); `python -m benchmarks.render_readme` turns the
+data into the per-op pages and the README table.
 
 Timings are medians with p20/p80 over repetitions after warm-up; GPU times come from CUDA events.
 On a CPU shared with other jobs, `--thread-time` (with `--threads 1`) times each call in the calling
@@ -29,20 +32,23 @@ import argparse
 import csv
 import ctypes
 import datetime as _dt
+import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DATA_DIR = RESULTS_DIR / "data"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -58,9 +64,13 @@ def base_parser(description: str, devices: Sequence[str] = ("cpu", "cuda")) -> a
     )
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds of timed repetitions per case")
     parser.add_argument(
-        "--out", type=Path, default=RESULTS_DIR, help="directory for the CSV/markdown results"
+        "--out", type=Path, default=DATA_DIR, help="data directory: the run's CSV goes to <out>/<op>/"
     )
-    parser.add_argument("--tag", default="", help="suffix for the result file names")
+    parser.add_argument(
+        "--tag",
+        default="",
+        help="a variant that covers other cases than the full run (bf16, cl): kept apart when rendering",
+    )
     parser.add_argument(
         "--threads", type=int, default=0, help="CPU: torch.set_num_threads (0: torch's default)"
     )
@@ -306,76 +316,253 @@ def interleaved_times(
     return times
 
 
-def environment(device: str) -> dict[str, str]:
-    """What a result depends on: machine, versions, build and git state."""
-    import fastops
-    from fastops import _extension
-
-    ext = _extension.load()
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-        except OSError:
-            pass
-        name += f", {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+def _git_state() -> tuple[str, bool]:
+    """(short sha of HEAD, whether tracked files differ from it). Without .git (a copy on the GPU
+    machine) the caller passes FASTOPS_GIT_SHA along, "<sha>+dirty" for a dirty tree; an unknown
+    sha counts as dirty, since nothing shows the run came from a commit."""
     try:
-        sha = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                cwd=REPO_ROOT,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-            or "unknown"
-        )
-        dirty = subprocess.run(
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        changed = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
             timeout=10,
         ).stdout.strip()
-        if dirty:
-            sha += "+dirty"
     except (OSError, subprocess.SubprocessError):
-        sha = "unknown"
-    if sha == "unknown":  # a copy without .git (the GPU machine): the caller passes the sha along
+        sha, changed = "", ""
+    if not sha:
         sha = os.environ.get("FASTOPS_GIT_SHA", "unknown")
-    return {
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": name,
+        changed = "+dirty" if sha.endswith("+dirty") else ""
+        sha = sha.removesuffix("+dirty")
+    return sha, bool(changed) or sha == "unknown"
+
+
+def machine_tag(facts: dict[str, str]) -> str:
+    """The machine a run stands for, as a file-name-safe word: the CPU model with the fastops ISA
+    level and thread count (an AVX2 build on an AVX-512 host is another machine), or the GPU name."""
+    name = re.sub(r"\((r|tm)\)|\bcpu\b|@.*", " ", facts["machine"].lower())
+    tag = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown"
+    if facts["device"] == "cpu":
+        tag += f"-{facts['isa']}-t{facts['threads']}"
+    return tag
+
+
+def _script() -> str:
+    """How the running script was named: ``-m <module>``, or its path (from the repo root if inside)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return f"-m {spec.name}"
+    path = Path(sys.argv[0]).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else sys.argv[0]
+
+
+def environment(device: str) -> dict[str, str]:
+    """The facts of a run, repeated on every row it writes: device, machine, versions, git state,
+    date (UTC), clock and command."""
+    import fastops
+    from fastops import _extension
+
+    ext = _extension.load()
+    if device == "cuda":
+        machine = torch.cuda.get_device_name()
+        major, minor = torch.cuda.get_device_capability()
+        isa, threads, cores = f"sm_{major}{minor}", "", ""
+    else:
+        machine = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                machine = next(
+                    (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), machine
+                )
+        except OSError:
+            pass
+        isa, threads, cores = ext.cpu_capability, str(torch.get_num_threads()), str(os.cpu_count())
+    sha, dirty = _git_state()
+    facts = {
+        "device": device,
+        "machine": machine,
+        "isa": isa,
+        "threads": threads,
+        "cores": cores,
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),
         "python": platform.python_version(),
-        "fastops": f"{fastops.__version__} ({ext.mode}, cpu {ext.cpu_capability}, cuda kernels {ext.with_cuda})",
-        "git": sha,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "fastops": fastops.__version__,
+        "build": ext.mode,
+        "git_sha": sha,
+        "dirty": str(dirty).lower(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "clock": "thread CPU time" if _CPU_CLOCK[0] is time.thread_time else "wall clock",
+        "command": " ".join([Path(sys.executable).name, _script(), *sys.argv[1:]]),
     }
+    facts["machine_tag"] = machine_tag(facts)
+    return facts
+
+
+# The long format of benchmarks/results/data/<op>/*.csv: one row per case and provider, the run's facts
+# (from environment(), plus copy roofline and tag) repeated on every row so that any set of files
+# concatenates into one table. layout, shape and tflops are empty where a benchmark has none; speedup
+# is the benchmark's own (an extra named speedup_vs_<provider>: speedup_over names the provider);
+# extra holds the benchmark's other columns as JSON (samples_per_s, reps, ...).
+COLUMNS = (
+    "op",
+    "case",
+    "direction",
+    "dtype",
+    "layout",
+    "shape",
+    "size",
+    "provider",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "bytes",
+    "gbps",
+    "roofline_gbps",
+    "roofline_pct",
+    "tflops",
+    "speedup",
+    "speedup_over",
+    "device",
+    "machine",
+    "isa",
+    "threads",
+    "cores",
+    "machine_tag",
+    "torch",
+    "cuda",
+    "python",
+    "fastops",
+    "build",
+    "git_sha",
+    "dirty",
+    "date",
+    "clock",
+    "tag",
+    "command",
+    "extra",
+)
+
+
+def long_rows(
+    results: Sequence[Result], facts: dict[str, str], roofline: float, tag: str = ""
+) -> list[dict[str, str]]:
+    """The rows of one run in the long format (COLUMNS)."""
+    rows = []
+    for r in results:
+        extra = dict(r.extra)
+        speedups = {k: extra.pop(k) for k in list(extra) if k.startswith("speedup_vs_")}
+        speedup_over, speedup = next(iter(speedups.items()), ("", ""))
+        row = {
+            **facts,
+            "op": r.op,
+            "case": r.case,
+            "direction": r.direction,
+            "dtype": r.dtype,
+            "layout": str(extra.pop("layout", "")),
+            "shape": str(extra.pop("shape", "")),
+            "size": r.size,
+            "provider": r.provider,
+            "median_ms": f"{r.median_ms:.6g}",
+            "p20_ms": f"{r.p20_ms:.6g}",
+            "p80_ms": f"{r.p80_ms:.6g}",
+            "bytes": str(r.bytes),
+            "gbps": f"{r.gbps:.4g}",
+            "roofline_gbps": f"{roofline:.1f}",
+            "roofline_pct": f"{r.roofline_pct:.3g}",
+            "tflops": _cell(extra.pop("tflops", "")),
+            "speedup": _cell(speedup),
+            "speedup_over": speedup_over.removeprefix("speedup_vs_"),
+            "tag": tag,
+            "extra": json.dumps({k: extra[k] for k in sorted(extra)}) if extra else "",
+        }
+        rows.append({k: row[k] for k in COLUMNS})
+    return rows
+
+
+def _cell(value: float | str) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def result_from_row(row: dict[str, str]) -> Result:
+    """A Result back from a long-format row (layout, shape, tflops and the bench's speedup in extra)."""
+    extra: dict[str, float | str] = json.loads(row["extra"]) if row.get("extra") else {}
+    for key in ("layout", "shape", "tflops"):
+        if row.get(key):
+            extra[key] = float(row[key]) if key == "tflops" else row[key]
+    if row.get("speedup"):
+        extra[f"speedup_vs_{row['speedup_over']}"] = float(row["speedup"])
+    return Result(
+        row["op"],
+        row["case"],
+        row["direction"],
+        row["dtype"],
+        row["size"],
+        row["provider"],
+        float(row["median_ms"]),
+        float(row["p20_ms"]),
+        float(row["p80_ms"]),
+        int(row["bytes"]),
+        float(row["gbps"]),
+        float(row["roofline_pct"]),
+        extra,
+    )
+
+
+def run_file_name(facts: dict[str, str], tag: str = "") -> str:
+    """<UTC date-time>_<machine tag>_<sha>[-dirty][_<tag>].csv: one file per run, so runs on
+    parallel branches never touch the same file."""
+    stamp = facts["date"].replace("-", "").replace(":", "")
+    sha = facts["git_sha"] + ("-dirty" if facts["dirty"] == "true" else "")
+    return f"{stamp}_{facts['machine_tag']}_{sha}" + (f"_{tag}" if tag else "") + ".csv"
+
+
+def write_rows(path: Path, rows: Sequence[dict[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def format_table(results: Sequence[Result], roofline: float) -> str:
     """Markdown table; speedup columns compare each provider with fastops in the same row group."""
+    layouts = any(r.extra.get("layout") for r in results)
+    flops = any("tflops" in r.extra for r in results)
     lines = [
         f"copy roofline: {roofline:.1f} GB/s (read + write)",
         "",
-        "| case | dir | dtype | size | provider | median ms | p20 | p80 | GB/s | % roofline | fastops speedup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | dir | dtype | "
+        + ("layout | " if layouts else "")
+        + "size | provider | median ms | p20 | p80 | GB/s | % roofline | "
+        + ("TFLOP/s | " if flops else "")
+        + "fastops speedup |",
+        "|---|---|---|"
+        + ("---|" if layouts else "")
+        + "---|---|---|---|---|---|---|"
+        + ("---|" if flops else "")
+        + "---|",
     ]
-    groups: dict[tuple[str, str, str, str], dict[str, Result]] = {}
+    groups: dict[tuple[str, str, str, str, str], dict[str, Result]] = {}
+
+    def key(r: Result) -> tuple[str, str, str, str, str]:
+        return (r.case, r.direction, r.dtype, str(r.extra.get("layout", "")), r.size)
+
     for r in results:
-        groups.setdefault((r.case, r.direction, r.dtype, r.size), {})[r.provider] = r
+        groups.setdefault(key(r), {})[r.provider] = r
     for r in results:
-        ours = groups[(r.case, r.direction, r.dtype, r.size)].get("fastops")
+        ours = groups[key(r)].get("fastops")
         speedup = f"{r.median_ms / ours.median_ms:.2f}x" if ours and r.provider != "fastops" else ""
         lines.append(
-            f"| {r.case} | {r.direction} | {r.dtype} | {r.size} | {r.provider} | {r.median_ms:.4f} | "
-            f"{r.p20_ms:.4f} | {r.p80_ms:.4f} | {r.gbps:.1f} | {r.roofline_pct:.0f}% | {speedup} |"
+            f"| {r.case} | {r.direction} | {r.dtype} | "
+            + (f"{r.extra.get('layout', '')} | " if layouts else "")
+            + f"{r.size} | {r.provider} | {r.median_ms:.4f} | {r.p20_ms:.4f} | {r.p80_ms:.4f} | "
+            f"{r.gbps:.1f} | {r.roofline_pct:.0f}% | "
+            + (f"{float(r.extra['tflops']):.3f} | " if "tflops" in r.extra else ("| " if flops else ""))
+            + f"{speedup} |"
         )
     return "\n".join(lines)
 
@@ -387,27 +574,12 @@ def write_results(
     roofline: float,
     out_dir: Path,
     tag: str = "",
-    notes: str = "",
-) -> tuple[Path, Path]:
-    """Writes <op>_<device>[_tag].csv and .md under out_dir, with the environment in both."""
-    env = environment(device)
-    env["copy_roofline_gbps"] = f"{roofline:.1f}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{op}_{device}" + (f"_{tag}" if tag else "")
-    csv_path, md_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.md"
-    with csv_path.open("w", newline="") as f:
-        for key, value in env.items():
-            f.write(f"# {key}: {value}\n")
-        fields = [k for k in asdict(results[0]) if k != "extra"] if results else []
-        extra_keys = sorted({k for r in results for k in r.extra})
-        writer = csv.writer(f)
-        writer.writerow(fields + extra_keys)
-        for r in results:
-            row = asdict(r)
-            writer.writerow([row[k] for k in fields] + [r.extra.get(k, "") for k in extra_keys])
-    header = "\n".join(f"- {k}: {v}" for k, v in env.items())
-    md_path.write_text(f"# {op} on {device}\n\n{header}\n\n{notes}\n\n{format_table(results, roofline)}\n")
-    return csv_path, md_path
+) -> Path:
+    """Writes the run's rows to out_dir/<op>/<run_file_name>.csv (the long format, COLUMNS)."""
+    facts = environment(device)
+    path = out_dir / op / run_file_name(facts, tag)
+    write_rows(path, long_rows(results, facts, roofline, tag))
+    return path
 
 
 def compiled(fn: Callable) -> Callable:
@@ -500,15 +672,15 @@ def run_benchmark(
     max_reps: int = 1000,
     argv: Sequence[str] | None = None,
 ) -> list[Result]:
-    """Parses the command line, times every case that cases(args) yields and writes <op>_<device>.
+    """Parses the command line, times every case that cases(args) yields and writes the run's CSV.
 
     cases is a generator over the parsed arguments (args.device, args.quick and the bench's own
     options): it allocates a case's tensors just before yielding it and drops them once the cases
     that use them are done, so the inputs of one size at a time are alive. options adds the bench's own arguments to the parser;
     min_time is the default of --min-time, and --quick caps it at quick_min_time. Each case times
     its providers interleaved, call by call (interleaved_times with warmup / min_reps / max_reps).
-    finish may rewrite the rows before they are printed and written; notes(args, rows) is the
-    markdown's text; summary(args, rows), when given, is printed at the end instead of the full
+    finish may rewrite the rows before they are printed and written; notes(args, rows) is printed
+    before the table; summary(args, rows), when given, is printed at the end instead of the full
     table. A cases generator that yields nothing (a mode that prints instead, e.g. a profile) ends
     the run before the roofline is measured, and nothing is written. Under --check, the run then
     lists every row group where a check_pairs (ours, baseline) pair has ours below check_minimum x
@@ -566,10 +738,10 @@ def run_benchmark(
 
     if finish is not None:
         results = finish(results)
-    text = notes(args, results) if notes is not None else ""
-    csv_path, md_path = write_results(op, device, results, roofline, args.out, args.tag, text)
+    if notes is not None:
+        print(notes(args, results))
     print(summary(args, results) if summary is not None else format_table(results, roofline))
-    print(f"wrote {csv_path} and {md_path}")
+    print(f"wrote {write_results(op, device, results, roofline, args.out, args.tag)}")
     if args.check:
         failures = check_speedups(results, check_pairs, check_minimum)
         pairs = ", ".join(f"{ours} vs {baseline}" for ours, baseline in check_pairs)

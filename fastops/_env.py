@@ -45,7 +45,10 @@ KNOWN: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "FASTOPS_TEST_LARGE": ("1: run the large-tensor tests", _one_of(*_FLAG)),
     "FASTOPS_TEST_SLOW": ("1: run the slow tests", _one_of(*_FLAG)),
     "FASTOPS_BENCHES": ("benchmarks to run", lambda value: None),
-    "FASTOPS_GIT_SHA": ("the commit a benchmark run records", lambda value: None),
+    "FASTOPS_GIT_SHA": (
+        "the commit a benchmark run records where there is no .git (<sha>, or <sha>+dirty)",
+        lambda value: None,
+    ),
 }
 
 REMOVED: dict[str, str] = {

@@ -176,6 +176,8 @@ bench)
   # few seconds, and what every small call costs on this host. depthwise_conv2d:cl is the
   # channels_last half, bf16 first (the NCHW CUDA path of the module is cuDNN). Each benchmark gets
   # BENCH_TIMEOUT s, or with BENCH_BUDGET an equal share of what the ones before it left.
+  # Each run writes <op>/<run>.csv here: copy those into benchmarks/results/data/<op>/ and render
+  # (python -m benchmarks.render_readme). Without .git, pass FASTOPS_GIT_SHA=<sha>[+dirty] along.
   benches=(${FASTOPS_BENCHES:-host_overhead gelu clipped_log depthwise_conv2d:cl squeeze_excite fused_adam fused_adam:bf16 batch_norm})
   bench_start=$SECONDS
   for k in "${!benches[@]}"; do

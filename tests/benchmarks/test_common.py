@@ -1,9 +1,11 @@
 """benchmarks/common.py: --check (which row groups count as a fastops path below its baseline) and
---thread-time."""
+--thread-time, and the run file it writes."""
 
 from __future__ import annotations
 
+import csv
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,3 +67,34 @@ def test_thread_time_needs_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         torch.set_num_threads(threads)
     assert common._CPU_CLOCK[0] is time.perf_counter
+
+
+def test_a_run_writes_one_long_format_file_with_its_facts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(common, "_git_state", lambda: ("abc1234", True))
+    extra: dict[str, float | str] = {
+        "layout": "channels_last",
+        "tflops": 1.5,
+        "speedup_vs_stock": 2.0,
+        "reps": 7,
+    }
+    results = [
+        common.Result("conv", "c", "fwd", "float32", "8x8", "fastops", 1.0, 0.9, 1.1, 64, 6.4e-05, 0.1, extra)
+    ]
+    path = common.write_results("conv", "cpu", results, 50.0, tmp_path, tag="cl")
+    assert path.parent == tmp_path / "conv" and path.name.endswith("_abc1234-dirty_cl.csv")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert tuple(reader.fieldnames or ()) == common.COLUMNS
+    (row,) = rows
+    assert (row["dirty"], row["git_sha"], row["tag"], row["device"]) == ("true", "abc1234", "cl", "cpu")
+    assert (row["layout"], row["speedup"], row["speedup_over"], row["roofline_gbps"]) == (
+        "channels_last",
+        "2",
+        "stock",
+        "50.0",
+    )
+    assert row["machine_tag"] in path.name and row["machine_tag"].endswith(f"-t{row['threads']}")
+    assert common.result_from_row(row).extra == extra
