@@ -4,7 +4,7 @@
 // Python kernel at the Autograd key, with grad or without: with a 0-element tensor on the CPU,
 // fastops.gelu cost 9.2 us against eager's 1.4, a forward that records the graph 19.7 against 1.7,
 // and forward + backward 56 against 20 (2026-11-27, torch 2.13). On a GPU that overhead is the whole
-// gap below ~16M elements (benchmarks/results/gpu_h200_2026-11-27.md). Here a call with no gradient
+// gap below ~16M elements (git show 00da02d:benchmarks/results/gpu_h200_2026-11-27.md). Here a call with no gradient
 // to record goes straight below autograd, and one that records runs a torch::autograd::Function whose
 // backward calls the backward op below autograd too (one dispatcher hop, no Python).
 //

@@ -580,7 +580,7 @@ std::vector<float> blocked_weights(const float* w, int64_t C, int64_t taps, bool
   return wt;
 }
 
-// Where the blocked path beats the plane path (thread-time A/B, benchmarks/results/
+// Where the blocked path beats the plane path (thread-time A/B, git show 00da02d:benchmarks/results/
 // depthwise_conv2d_cpu_nchw_blocked.md): the two transposes cost about 0.5 shuffle per element, which
 // 3x3 stride-1 maps wider than 16 do not recover (20x20 3.5-4.1 ms plane, 4.9 blocked; 28x28 equal);
 // 5x5 and wider kernels, strided rows and maps to 16 wide gain (3x3 training, 8x8 to 16x16 maps:
@@ -1059,7 +1059,7 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
 
 #if defined(CPU_CAPABILITY_AVX512)
 // Where the register path applies and beats the others (thread-time A/B,
-// benchmarks/results/depthwise_conv2d_cpu_nchw_register.md): rows to 16 wide, at stride 1 with output
+// git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_register.md): rows to 16 wide, at stride 1 with output
 // rows as wide as the input's 3x3 kernels in every pass (1.2-2.4x faster), wider kernels only in the
 // weight gradient of rows over 8 wide (14x14 5x5 1.4x, 7x7 1.1-1.2x), since a permute per tap loses
 // to the channel-blocked rows' loads shared across the kernel row (forward 1.6-2.4x slower); at stride
@@ -1105,7 +1105,7 @@ enum class Pass { kForward, kInputGradient, kWeightGradient };
 // On the Zen 5 host of this work, streaming from memory, a partly masked AVX-512 load or any
 // VMASKMOVPS took 2-2.5x a plain load's time, and a masked AVX-512 store, even of all 16 lanes, twice
 // a plain store's (standalone loops; masked loads on every tap ran the path 2-4x slower, masked stores
-// the stride-2 input gradient 2.5x; benchmarks/results/depthwise_conv2d_cpu_nchw_wide_avx2.md). The
+// the stride-2 input gradient 2.5x; git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_wide_avx2.md). The
 // input gradient takes the path at stride 1, and at stride 2 as wide_dgrad_s2.
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #if defined(CPU_CAPABILITY_AVX512)
@@ -1534,7 +1534,7 @@ bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
     // AVX2's stride-1 forward and input gradient gain only with runs of whole vectors (48 wide and
     // over); on 20x20 to 40x40 they lost 10-30% to the phase planes (input gradient: 20x20 0.63 ms
     // phase planes against 0.76 wide, 28x28 3.2 against 4.0, 40x40 2.9 against 3.5; 56x56 10.2
-    // against 7.1; benchmarks/results/depthwise_conv2d_cpu_nchw_half.md).
+    // against 7.1; git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_half.md).
     return g.OW == g.W && (WideIsa::kLanes == 16 || pass == Pass::kWeightGradient || g.OW >= 48);
   }
   if (pass == Pass::kInputGradient) {
@@ -1676,7 +1676,7 @@ void run_weight_sums(FastPath path, float* ws, const float* x, const float* go, 
 
 // ---- fp16 / bf16 through the fp32 paths --------------------------------------------------------------
 // The paths above are fp32 only, and a half-precision tensor left to the phase planes ran 1.5-6x
-// slower than the fp32 one (benchmarks/results/depthwise_conv2d_cpu_nchw_half.md). Instead the planes
+// slower than the fp32 one (git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_half.md). Instead the planes
 // go through them in chunks (a few images x a run of channels) widened into per-thread fp32 buffers
 // of about L2/4, and the result is narrowed back: memory still carries only the fp16/bf16 tensors,
 // and the conversions add ~2 instructions per element. FASTOPS_NCHW_HALF_FP32=0 in the environment

@@ -118,7 +118,8 @@ void update_range(const Pointers<T>& ptr, int64_t begin, int64_t end, const Math
     // few FMAs, from p the whole sqrt/div chain. With every store after the divisions, layouts with
     // streams 64 B apart ran 6-12% behind torch's kernel on AVX-512. Storing early also frees m and
     // v's registers before the divisions: AVX2 bf16 (16 ymm registers, two fp32 halves) ran 12%
-    // behind torch on every layout tried, and now runs ahead (results/fused_adam_cpu_issue16_b.md).
+    // behind torch on every layout tried, and now runs ahead
+    // (git show 00da02d:benchmarks/results/fused_adam_cpu_issue16_b.md).
     if constexpr (is_reduced_float_v<T>) {
       auto [p0, p1] = at::vec::convert_to_float<T>(pt);
       auto [g0, g1] = at::vec::convert_to_float<T>(gt);

@@ -94,7 +94,7 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
 // 17 FMA-port instructions, one division and two permutes per vector (kFull), against 29 and a division
 // for the general path. Exhaustively over every fp32 x with |x| <= 7: at most 6.8 ulp from the float64
 // value (AVX2; AVX-512 6.6); the general path (the rest of [-20, 10]): 7.6 over every 16th value.
-// (benchmarks/results/gelu_cpu_avx2_fma_count.md)
+// (git show 00da02d:benchmarks/results/gelu_cpu_avx2_fma_count.md)
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 #define FASTOPS_GELU_BULK 1
 
@@ -445,7 +445,7 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
         // x's lines requested 2 KiB ahead: with a wide bias in L1 beside the x and y streams (16 KiB
         // of fp32 at 4096 columns) the loads of x stalled, and the forward ran 20-27% slower than
         // gelu alone at 4096 columns (6.5% at 1024). Measured: 6-8% off on AVX-512, 12-20% on AVX2
-        // (benchmarks/results/gelu_cpu_issue16_c.md).
+        // (git show 00da02d:benchmarks/results/gelu_cpu_issue16_c.md).
         __builtin_prefetch(reinterpret_cast<const char*>(src + i + j) + kPrefetchBytes);
         vector_at(i + j, col + j, S::kStep);
       }
@@ -462,7 +462,7 @@ void bias_gelu_forward_loop(T* out, const T* x, const opmath_t<T>* bias, int64_t
 // bias and the accumulator read from L1. (Four rows down each column vector together, which kept the
 // bias and the accumulator in registers, ran 12 streams 8-16 KiB apart and spilled: one row at a time,
 // the AVX-512 bf16 1024x4096 backward 2.15 -> 1.24 ms, AVX2 fp32 2.76 -> 2.38 ms; the AVX-512 fp32 one,
-// memory-bound, unchanged; benchmarks/results/gelu_cpu_bias_rows_zen5.md.)
+// memory-bound, unchanged; git show 00da02d:benchmarks/results/gelu_cpu_bias_rows_zen5.md.)
 constexpr int64_t kColBlock = 4096;
 constexpr int64_t kMaxRowBlocks = 64;
 constexpr int64_t kMinTileElements = 16384;

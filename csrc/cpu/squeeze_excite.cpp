@@ -472,7 +472,7 @@ at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Te
 // fwd+bwd, where W comes from L3 (measured on this Zen 4); these walk W once, row by row, in register
 // blocks (forward: 4 rows of `in` x 4 W rows, summed across lanes by one transposing tree; backward: 8
 // rows x 32 columns of in_grad, the weight_grad row formed in the same pass over W). The AVX2 build
-// keeps MKL: there ours measured 0.81-0.93x its forward (see results/squeeze_excite_cpu_fc.md).
+// keeps MKL: there ours measured 0.81-0.93x its forward (git show 00da02d:benchmarks/results/squeeze_excite_cpu_fc.md).
 // Every output is summed by one task in a fixed order: bitwise the same for any thread count.
 #if defined(CPU_CAPABILITY_AVX512)
 constexpr int64_t kFcRowBlock = 8;     // rows of the backward's register block

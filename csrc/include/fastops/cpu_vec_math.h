@@ -60,7 +60,7 @@ inline void static_for(F&& f) {
 // static_for forced inline. Left to the inliner, GCC kept some arrays of vectors indexed by the loop
 // constant (accumulators, weights) on the stack, with a load and a store around every FMA: forced, the
 // NCHW channel-blocked rows and weight sums ran 1.05-2.1x faster (AVX-512, 7x7 kernels on 7x7 to
-// 28x28 maps; benchmarks/results/depthwise_conv2d_cpu_nchw_inlined.md). Not the default: the
+// 28x28 maps; git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_inlined.md). Not the default: the
 // channels_last kernels ran 20-40% slower forced (more register pressure in their row blocks).
 template <int N, typename F>
 C10_ALWAYS_INLINE void static_for_inlined(F&& f) {
