@@ -22,16 +22,16 @@ _env.check()  # a bad FASTOPS_* value is an error now, before any work
 _extension.load()
 
 from fastops import nn, ops, optim, reference  # noqa: E402
+from fastops._version import __version__  # noqa: E402
 from fastops.ops.batch_norm import batch_norm  # noqa: E402
 from fastops.ops.clipped_log import clipped_log  # noqa: E402
 from fastops.ops.depthwise_conv2d import depthwise_conv2d  # noqa: E402
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d  # noqa: E402
 from fastops.ops.gelu import bias_gelu, gelu  # noqa: E402
 from fastops.ops.squeeze_excite import squeeze_excite  # noqa: E402
-from fastops.swap import PairRule, SwapRule, register_swap_rule, swap_modules  # noqa: E402
+from fastops.swap import swap_modules  # noqa: E402
+from fastops.swap_rules import PairRule, SwapRule, register_swap_rule  # noqa: E402
 from fastops.tuner import tune  # noqa: E402
-
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__",

@@ -26,28 +26,26 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 from torch import Tensor, nn
 
+from fastops import tuner
+from fastops.tuner import _FALLBACKS, STATE_ATTR, differentiated
+
 BACKENDS = ("auto", "fastops", "torch")
 BACKEND_ENV = "FASTOPS_BACKEND"
-STATE_ATTR = "_fastops_tuning"  # a module's TuningState (fastops.tuner), in its __dict__
-
-_FALLBACKS: Counter[str] = Counter()
+__all__ = ["STATE_ATTR", "TunedModule", "differentiated", "fallback_counts", "reset_fallback_counts"]
 
 
-class TunedModule(nn.Module):
+class TunedModule(tuner.Tunable):
     """A fastops module that can run its fastops kernel or PyTorch's for the same computation.
 
     A subclass implements ``_fastops_forward(x)`` and ``_torch_forward(x)`` (the same result, as far
     as the op's tolerance goes) and names its op; :meth:`forward` runs the one :func:`runs_torch`
     picks. ``fastops_details()`` are the op parameters that can change which kernel is faster
     (kernel size, stride, GELU form); they are fixed when the module is built."""
-
-    backend: str = "auto"
-    policy_ops: tuple[str, ...] = ()  # the ops whose kernel choices this module follows
 
     def __prepare_scriptable__(self) -> NoReturn:
         """``torch.jit.script`` calls this on each submodule before compiling, so a scripted model that
@@ -58,24 +56,6 @@ class TunedModule(nn.Module):
             "or torch.export (both record fastops' ops), or torch.compile; or script the model before "
             "fastops.swap_modules, or after report.undo()."
         )
-
-    def fastops_op(self) -> str:
-        return self.policy_ops[0]
-
-    def fastops_details(self) -> str:
-        return ""
-
-    def fastops_deterministic(self, device_type: str) -> bool:
-        """Whether our kernels for this module are deterministic on ``device_type`` (all are today:
-        fixed-order reductions, no atomics); under ``torch.use_deterministic_algorithms(True)`` a
-        non-deterministic kernel is not a candidate."""
-        return True
-
-    def _fastops_forward(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
-
-    def _torch_forward(self, x: Tensor) -> Tensor:
-        raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
         if runs_torch(self, x):
@@ -126,33 +106,13 @@ def _env_backend() -> str | None:
     return os.environ.get(BACKEND_ENV)
 
 
-def _compiled() -> Any:
-    from fastops import _extension
-
-    module = _extension.load().module
-    assert module is not None, "fastops._C was loaded without its Python module"
-    return module
-
-
-def _call_signature(x: object, params: tuple[Tensor, ...] | None) -> int | None:
-    """The 64-bit key of a call (csrc/tuner.cpp); bound to the compiled function on first use."""
-    globals()["_call_signature"] = _compiled().call_signature
-    return _compiled().call_signature(x, params)
-
-
 def _cached_choice(module: nn.Module, x: object, counts: Counter[str]) -> bool | None:
     """The module's remembered choice for x, or None (csrc/tuner.cpp); bound on first use."""
-    globals()["_cached_choice"] = _compiled().cached_choice
-    return _compiled().cached_choice(module, x, counts)
+    globals()["_cached_choice"] = tuner._compiled().cached_choice
+    return tuner._compiled().cached_choice(module, x, counts)
 
 
 _is_compiling = torch.compiler.is_compiling
-
-
-def differentiated(x: Tensor, params: tuple[Tensor, ...] | None) -> bool:
-    """Whether autograd will differentiate a call on ``x`` of a module holding ``params``: the
-    "training" part of a kind of input (forward + backward is what gets timed then)."""
-    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params or ()))
 
 
 def runs_torch(module: TunedModule, x: Tensor) -> bool:
@@ -186,7 +146,6 @@ def _decide(module: TunedModule, x: Tensor) -> bool:
         check_backend(f"nn.{type(module).__name__}", backend)
     else:
         return backend == "torch"
-    from fastops import tuner
 
     if not _is_compiling():
         if not isinstance(x, Tensor):

@@ -50,6 +50,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +59,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fastops import policy
+from fastops._version import __version__
 
 MARGIN = 0.02  # ours is kept only when at least 2% faster than PyTorch's
 MAX_SIGNATURES = 16  # kinds of input one module tunes; later ones use the cache or PyTorch's kernel
@@ -83,6 +84,61 @@ _KEY_FIELDS = (
     "autocast",
     "deterministic",
 )
+
+
+STATE_ATTR = "_fastops_tuning"  # a module's TuningState, in its __dict__
+
+_FALLBACKS: Counter[str] = Counter()  # module calls that ran PyTorch's kernel, by op (fallback_counts)
+
+
+class Tunable(nn.Module):
+    """What the tuner times: a module with two kernels for one computation, ours and PyTorch's
+    (``fastops.policy.TunedModule`` adds the forward that runs the chosen one).
+
+    ``fastops_op()`` names the op and ``fastops_details()`` the parameters that can change which
+    kernel is faster (kernel size, stride, GELU form); ``_fastops_forward(x)`` and
+    ``_torch_forward(x)`` are the two kernels."""
+
+    backend: str = "auto"
+    policy_ops: tuple[str, ...] = ()  # the ops whose kernel choices this module follows
+
+    def fastops_op(self) -> str:
+        return self.policy_ops[0]
+
+    def fastops_details(self) -> str:
+        return ""
+
+    def fastops_deterministic(self, device_type: str) -> bool:
+        """Whether our kernels for this module are deterministic on ``device_type`` (all are today:
+        fixed-order reductions, no atomics); under ``torch.use_deterministic_algorithms(True)`` a
+        non-deterministic kernel is not a candidate."""
+        return True
+
+    def _fastops_forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _torch_forward(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+def _compiled() -> Any:
+    from fastops import _extension
+
+    module = _extension.load().module
+    assert module is not None, "fastops._C was loaded without its Python module"
+    return module
+
+
+def _call_signature(x: object, params: tuple[Tensor, ...] | None) -> int | None:
+    """The 64-bit key of a call (csrc/tuner.cpp); bound to the compiled function on first use."""
+    globals()["_call_signature"] = _compiled().call_signature
+    return _compiled().call_signature(x, params)
+
+
+def differentiated(x: Tensor, params: tuple[Tensor, ...] | None) -> bool:
+    """Whether autograd will differentiate a call on ``x`` of a module holding ``params``: the
+    "training" part of a kind of input (forward + backward is what gets timed then)."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params or ()))
 
 
 class TuningNotice(UserWarning):
@@ -162,7 +218,6 @@ _FINGERPRINT: dict[str, str] = {}
 def fingerprint() -> dict[str, str]:
     """What a cache file belongs to: another CPU, ISA level, version or build never reuses it."""
     if not _FINGERPRINT:
-        import fastops
         from fastops import _extension
 
         ext = _extension.load()
@@ -182,7 +237,7 @@ def fingerprint() -> dict[str, str]:
             torch=torch.__version__,
             cuda=str(torch.version.cuda),
             cudnn=str(cudnn),
-            fastops=fastops.__version__,
+            fastops=__version__,
             library=library,
         )
     return dict(_FINGERPRINT)
@@ -311,7 +366,7 @@ def clear_memory() -> None:
         CACHE.shipped = None
         _NOTICES.clear()
         for module in list(_MODULES.values()):
-            module.__dict__.pop(policy.STATE_ATTR, None)
+            module.__dict__.pop(STATE_ATTR, None)
 
 
 # ---- deciding ---------------------------------------------------------------------------------
@@ -384,17 +439,17 @@ def _channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return (h * w * c, 1, w * c, c)
 
 
-def _state(module: policy.TunedModule) -> TuningState:
-    state = module.__dict__.get(policy.STATE_ATTR)
+def _state(module: Tunable) -> TuningState:
+    state = module.__dict__.get(STATE_ATTR)
     if state is None:
         params = tuple(module.parameters())
         state = TuningState(module.fastops_op(), module.fastops_details(), params or None)
-        module.__dict__[policy.STATE_ATTR] = state
+        module.__dict__[STATE_ATTR] = state
         _MODULES[id(module)] = module
     return state
 
 
-def decide(module: policy.TunedModule, x: Tensor) -> bool:
+def decide(module: Tunable, x: Tensor) -> bool:
     """The slow path of :func:`fastops.policy.runs_torch`: the choice for a kind of input this
     module has not seen, from the cache or measured now; True means PyTorch's kernel."""
     if not isinstance(x, Tensor):
@@ -403,8 +458,8 @@ def decide(module: policy.TunedModule, x: Tensor) -> bool:
         return False  # shapes only (meta-device init, FLOP counters): nothing to time; our meta kernel
     with _LOCK:
         state = _state(module)
-        signature = policy._call_signature(x, state.params)
-        training = policy.differentiated(x, state.params)
+        signature = _call_signature(x, state.params)
+        training = differentiated(x, state.params)
         key = _key(state, x, training)
         record = state.records.get(key)
         if record is None:
@@ -418,7 +473,7 @@ def decide(module: policy.TunedModule, x: Tensor) -> bool:
         for log in _TUNE_LOG:
             log.append((_qualified_name(module), module, record))
     if record.choice:
-        policy._FALLBACKS[state.op] += 1
+        _FALLBACKS[state.op] += 1
     return record.choice
 
 
@@ -427,7 +482,7 @@ def _qualified_name(module: nn.Module) -> str:
 
 
 def _lookup_or_measure(
-    module: policy.TunedModule, state: TuningState, x: Tensor, key: Key, training: bool
+    module: Tunable, state: TuningState, x: Tensor, key: Key, training: bool
 ) -> Record | None:
     entry = CACHE.get(key)
     if entry is not None:
@@ -541,7 +596,7 @@ def _agree(ours: Any, theirs: Any, low_precision: bool = False) -> bool:
     return ours is None and theirs is None
 
 
-def _measure(module: policy.TunedModule, x: Tensor, training: bool) -> dict[str, Any] | None:
+def _measure(module: Tunable, x: Tensor, training: bool) -> dict[str, Any] | None:
     """Time both kernels on ``x``; the cache entry, or None when ours raised."""
     started = time.perf_counter()
     timer = _TIMER[-1] if _TIMER else default_timer(x.device)
@@ -684,7 +739,7 @@ def compiled_choice(
         ]
 
     module = _MODULES.get(module_id)
-    state = module.__dict__.get(policy.STATE_ATTR) if module is not None else None
+    state = module.__dict__.get(STATE_ATTR) if module is not None else None
     choices = matching([(k, r.choice) for k, r in state.records.items()]) if state is not None else []
     if not choices:
         choices = matching([(k, e["choice"] == "torch") for k, e in CACHE.all_entries().items()])
@@ -742,8 +797,8 @@ class TuneTable:
         return "\n".join(lines)
 
 
-def _tuned_modules(model: nn.Module) -> list[tuple[str, policy.TunedModule]]:
-    return [(name or "<model>", m) for name, m in model.named_modules() if isinstance(m, policy.TunedModule)]
+def _tuned_modules(model: nn.Module) -> list[tuple[str, Tunable]]:
+    return [(name or "<model>", m) for name, m in model.named_modules() if isinstance(m, Tunable)]
 
 
 def tune(
@@ -774,7 +829,7 @@ def tune(
         raise TypeError(f"fastops.tune: expected model to be an nn.Module, got {type(model).__name__}")
     modules = _tuned_modules(model)
     for name, m in modules:
-        m.__dict__.pop(policy.STATE_ATTR, None)  # look every kind of input up again, to report it
+        m.__dict__.pop(STATE_ATTR, None)  # look every kind of input up again, to report it
         m.__dict__["_fastops_tune_name"] = name
     modes = {m: m.training for m in model.modules()}
     device = next((t.device for t in model.parameters()), torch.device("cpu"))
@@ -796,7 +851,7 @@ def tune(
         _TUNE_LOG.remove(log)
         for sub, mode in modes.items():
             if sub.training != mode:
-                sub.__dict__.pop(policy.STATE_ATTR, None)  # a mode-dependent choice (BatchNorm) is stale
+                sub.__dict__.pop(STATE_ATTR, None)  # a mode-dependent choice (BatchNorm) is stale
                 sub.training = mode
     if broadcast and torch.distributed.is_available() and torch.distributed.is_initialized():
         _adopt_rank0(log)
@@ -837,7 +892,7 @@ def _adopt_rank0(log: list[tuple[str, nn.Module, Record]]) -> None:
         if choice != record.choice:
             record.choice = choice
             record.source = "rank 0"
-        state = module.__dict__[policy.STATE_ATTR]
+        state = module.__dict__[STATE_ATTR]
         state.records[record.key] = record
         state.memo.clear()  # rebuilt from the records on the next calls, with rank 0's choices
 

@@ -198,7 +198,7 @@ class FusedSoftplus2(nn.Module):
 
 
 def test_user_registered_rules() -> None:
-    from fastops.swap import _RULES, SwapRule, register_swap_rule, swap_rules
+    from fastops.swap_rules import _RULES, SwapRule, register_swap_rule, swap_rules
 
     saved = list(_RULES)
     try:
@@ -573,7 +573,7 @@ def test_pruned_weight_normed_and_parametrized_modules_are_skipped() -> None:
 
 
 def test_failing_rule_leaves_the_model_as_it_was() -> None:
-    from fastops.swap import _RULES, SwapRule, register_swap_rule
+    from fastops.swap_rules import _RULES, SwapRule, register_swap_rule
 
     class Boom(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from fastops import policy
 from fastops.nn._twin import forward_mismatch, share_parameters
 from fastops.ops.batch_norm import batch_norm
-from fastops.swap import (
+from fastops.swap_rules import (
     SwapRule,
     class_path,
     global_module_hooks,

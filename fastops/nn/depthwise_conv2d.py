@@ -14,7 +14,7 @@ from fastops import policy
 from fastops.nn._twin import forward_mismatch, share_parameters
 from fastops.ops._validate import int_pair, resolve_padding
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
-from fastops.swap import SwapRule, class_path, overrides, register_swap_rule
+from fastops.swap_rules import SwapRule, class_path, overrides, register_swap_rule
 
 # nn.Conv2d subclasses whose forward zero-pads TensorFlow "same" for each input size and then runs
 # F.conv2d without padding (timm's Conv2dSame). Class paths, so timm need not be imported.

@@ -13,7 +13,7 @@ from fastops.nn._twin import accept_state_dict_keys
 from fastops.nn.depthwise_conv2d import DepthwiseConv2d
 from fastops.ops.depthwise_separable_conv2d import depthwise_separable_conv2d
 from fastops.policy import runs_torch
-from fastops.swap import global_module_hooks
+from fastops.swap_rules import global_module_hooks
 
 # nn.Sequential(depthwise, pointwise) saves "0.*" / "1.*": map them onto our submodule names.
 _SEQUENTIAL_KEYS = {"0.": "depthwise.", "1.": "pointwise."}

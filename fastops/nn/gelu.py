@@ -13,7 +13,7 @@ from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_par
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
 from fastops.policy import runs_torch
-from fastops.swap import (
+from fastops.swap_rules import (
     PairRule,
     SwapRule,
     class_path,

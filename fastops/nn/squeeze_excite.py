@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from fastops import policy
 from fastops.nn._twin import share_parameters
 from fastops.ops.squeeze_excite import check_act, check_gate, squeeze_excite
-from fastops.swap import SwapRule, register_swap_rule, unsafe_to_replace
+from fastops.swap_rules import SwapRule, register_swap_rule, unsafe_to_replace
 
 _NAME = "nn.SqueezeExcite"
 

@@ -157,7 +157,7 @@ def _is_norm_act(m: nn.Module) -> bool:
     """A batch norm followed by its own ``drop`` and ``act`` children: fastops' BatchNormAct2d and
     the classes its swap rule recognises (timm's)."""
     from fastops.nn.batch_norm import _NORM_ACT_CLASSES, BatchNormAct2d
-    from fastops.swap import class_path
+    from fastops.swap_rules import class_path
 
     known = isinstance(m, BatchNormAct2d) or class_path(type(m)) in _NORM_ACT_CLASSES
     return known and {name for name, _ in m.named_children()} == {"drop", "act"}

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 import fastops
-from fastops.swap import SwapReport, class_path
+from fastops.swap import SwapReport
+from fastops.swap_rules import class_path
 
 torchvision = pytest.importorskip("torchvision")
 timm = pytest.importorskip("timm")

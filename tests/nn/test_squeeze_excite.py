@@ -108,7 +108,7 @@ def test_hooked_fc_is_skipped() -> None:
 
 
 def test_fc_with_a_state_dict_hook_is_skipped() -> None:
-    """The swap's shared check (fastops.swap.unsafe_to_replace) also covers an FC's state_dict hooks."""
+    """The swap's shared check (fastops.swap_rules.unsafe_to_replace) also covers an FC's state_dict hooks."""
     block = SEBlock(8, 2, nn.ReLU(), nn.Sigmoid())
     block.fc1._register_state_dict_hook(lambda *a: None)
     model = nn.Sequential(block)

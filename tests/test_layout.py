@@ -1,0 +1,97 @@
+"""The package's layering: no two fastops modules import each other, directly or around a circle.
+
+Every import counts, also one inside a function: a lazy import hides a circle from Python but not from
+a reader, who then cannot tell which module is built on which."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fastops"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The fastops modules ``name`` imports; ``from pkg import sub`` counts as importing ``pkg.sub``
+    only (a submodule always runs its package's ``__init__`` first: not an edge of its own)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {name: _imports(path, name, set(paths)) for name, path in paths.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_fastops_modules_import_each_other() -> None:
+    circles = _circles(_import_graph())
+    assert not circles, f"import circles in fastops: {circles}"
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_swap_rules_live_apart_from_swap_and_nn() -> None:
+    graph = _import_graph()
+    assert "fastops.nn" not in graph["fastops.swap"]
+    assert all("fastops.swap" not in graph[m] for m in graph if m.startswith("fastops.nn"))
+
+
+def test_one_version_number() -> None:
+    import tomllib
+
+    from fastops._version import __version__
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    assert pyproject["project"]["version"] == __version__
