@@ -61,6 +61,7 @@ from torch import Tensor, nn
 
 from fastops._version import __version__
 
+_UPSTREAM_SEED = 0x5EED_FA57  # the tuner's own seed for upstream gradients, unlike any user's
 MARGIN = 0.02  # ours is kept only when at least 2% faster than PyTorch's
 MAX_SIGNATURES = 16  # kinds of input one module tunes; later ones use the cache or PyTorch's kernel
 TUNE_ENV = "FASTOPS_TUNE"
@@ -609,10 +610,12 @@ def _measure(module: Tunable, x: Tensor, training: bool) -> dict[str, Any] | Non
         def upstream(o: Tensor) -> Tensor:
             """A fixed random upstream gradient per output shape, from a private generator (the
             caller's RNG stream is untouched). Not ones: the gradient of a normalisation for a
-            constant upstream is zero, and two kernels' rounding noise never agrees."""
+            constant upstream is zero, and two kernels' rounding noise never agrees. Not seed 0
+            either: an input drawn after ``torch.manual_seed(0)`` would equal it, and a batch norm's
+            input gradient for an upstream equal to its input is zero too."""
             key = (tuple(o.shape), o.dtype, o.device)
             if key not in upstreams:
-                generator = torch.Generator(device=o.device).manual_seed(0)
+                generator = torch.Generator(device=o.device).manual_seed(_UPSTREAM_SEED)
                 upstreams[key] = torch.randn(o.shape, generator=generator, device=o.device).to(o.dtype)
             return upstreams[key]
 
