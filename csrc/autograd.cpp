@@ -224,6 +224,12 @@ class DepthwiseFunction : public torch::autograd::Function<DepthwiseFunction> {
           backward_call(depthwise_backward_weight_op(), grads[0], x, at::IntArrayRef{weight.size(2), weight.size(3)},
                         stride, padding, dilation);
       if (!has_bias) grad_b = at::Tensor();
+      // In the weight's own strides, as PyTorch's conv gives it (the gradient layout contract, which
+      // DDP's buckets rely on): a channels_last [C, 1, kh, kw] weight differs from a contiguous one
+      // in the stride of its size-1 dim only, and a few C * kh * kw elements are cheap to copy.
+      if (grad_w.defined() && grad_w.sym_strides() != weight.sym_strides() && weight.is_non_overlapping_and_dense()) {
+        grad_w = at::empty_like(weight, grad_w.options()).copy_(grad_w);
+      }
     }
     return {grad_x, grad_w, grad_b, at::Tensor(), at::Tensor(), at::Tensor()};
   }

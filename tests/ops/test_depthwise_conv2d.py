@@ -809,3 +809,18 @@ def test_meta_device_gives_shapes_as_f_conv2d() -> None:
     assert module(x).shape == x.shape and module(x).is_meta
     sep = fastops.nn.DepthwiseSeparableConv2d(6, 4, 3, padding=1, device="meta")
     assert sep(x.contiguous(memory_format=torch.channels_last)).shape == (2, 4, 9, 8)
+
+
+def test_the_weight_gradient_has_the_weights_strides() -> None:
+    """DDP's gradient buckets are views in each Parameter's layout (the gradient layout contract): a
+    gradient in other strides costs a copy per step and a warning. A channels_last [C, 1, kh, kw]
+    weight differs from a contiguous one only in its size-1 dim's stride."""
+    weight = torch.randn(8, 1, 3, 3).to(memory_format=torch.channels_last).requires_grad_()
+    x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    for inputs in (x, x.contiguous()):
+        weight.grad = None
+        fastops.depthwise_conv2d(inputs, weight, padding=1).sum().backward()
+        assert weight.grad is not None and weight.grad.stride() == weight.stride()
+        stock = weight.detach().clone().requires_grad_()
+        torch.nn.functional.conv2d(inputs, stock, padding=1, groups=8).sum().backward()
+        torch.testing.assert_close(weight.grad, stock.grad, rtol=1e-5, atol=1e-5)
