@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -48,9 +49,31 @@ def _torchrun(args: list[str], timeout: float = 300.0, *, module: bool = True) -
         "--nnodes=1", "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
         *(["-m", "fastops.train"] if module else []), *args,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    _check(proc, proc.stdout, proc.stderr)
-    return proc
+    env = {**_env(), "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread's stack first
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # A hang: show where each process (torchrun's agent and every rank) waits, not only that it did.
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"torchrun ran past {timeout:.0f} s; the processes' stacks:\n{stdout[-3000:]}\n{stderr[-20000:]}"
+        )
+    _check(proc, stdout, stderr)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.mark.parametrize("use_fastops", [True], ids=["fastops"])  # the stock path shares all DDP code
