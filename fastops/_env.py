@@ -37,10 +37,6 @@ KNOWN: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "FASTOPS_CPU_CAPABILITY": ("the vector ISA of the CPU kernels", _one_of("default", "avx2", "avx512")),
     "FASTOPS_AVX512_BF16": ("0: round bf16 through at::vec instead of the instruction", _one_of(*_FLAG)),
     "FASTOPS_VERBOSE_BUILD": ("1: show the compiler's commands", _one_of(*_FLAG)),
-    # Kernel-path switches of past A/B runs, read by the C++ kernels ("0" turns a path off).
-    "FASTOPS_NCHW_REGISTER": ("A/B switch of the NCHW depthwise register path", _one_of(*_FLAG)),
-    "FASTOPS_NCHW_WIDE": ("A/B switch of the NCHW depthwise wide-row path", _one_of(*_FLAG)),
-    "FASTOPS_NCHW_HALF_FP32": ("A/B switch of the NCHW depthwise half-through-fp32 path", _one_of(*_FLAG)),
     # The test suite's and the benchmarks' own.
     "FASTOPS_TEST_LARGE": ("1: run the large-tensor tests", _one_of(*_FLAG)),
     "FASTOPS_TEST_SLOW": ("1: run the slow tests", _one_of(*_FLAG)),
@@ -51,7 +47,14 @@ KNOWN: dict[str, tuple[str, Callable[[str], str | None]]] = {
     ),
 }
 
+_SETTLED = (
+    "removed: an A/B switch of the NCHW depthwise kernels, settled (the path runs where it was measured "
+    "to pay); unset it"
+)
 REMOVED: dict[str, str] = {
+    "FASTOPS_NCHW_REGISTER": _SETTLED,
+    "FASTOPS_NCHW_WIDE": _SETTLED,
+    "FASTOPS_NCHW_HALF_FP32": _SETTLED,
     "FASTOPS_CUDA_DEPTHWISE": (
         "removed: nn.DepthwiseConv2d follows FASTOPS_BACKEND / module.backend on CUDA too, and under "
         "'auto' its kernel is measured on this machine (unset it; FASTOPS_BACKEND=fastops runs ours everywhere)"

@@ -1065,10 +1065,8 @@ void register_wgrad(float* ws, const float* x, const float* go, int64_t N, int64
 // to the channel-blocked rows' loads shared across the kernel row (forward 1.6-2.4x slower); at stride
 // 2 (either direction) 3x3 kernels on rows over 8 wide in the forward and weight gradient (1.3-1.8x;
 // on 8-wide rows, half-empty vectors made 64x64x8x8 1.2x slower; the input gradient is a scatter).
-// FASTOPS_NCHW_REGISTER=0 in the environment (read once) turns it off, for such A/B runs.
 bool use_register_plane(const DepthwiseGeometry& g, bool weight_gradient) {
-  static const bool enabled = switched_on("FASTOPS_NCHW_REGISTER");
-  if (!enabled || g.W > 16 || g.OW > 16) return false;
+  if (g.W > 16 || g.OW > 16) return false;
   const bool k3 = g.KH <= 3 && g.KW <= 3;
   if (g.sh == 1 && g.sw == 1) return g.OW == g.W && (k3 || (weight_gradient && g.W > 8));
   return k3 && g.sh <= 2 && g.sw <= 2 && g.W > 8;
@@ -1525,11 +1523,8 @@ void wide_dgrad_s2(float* dx, const float* go, const float* w, const DepthwiseGe
 // Where the wide-row path runs: 3x3 kernels on input rows over 16 wide; at stride 1 with output rows
 // as wide as the input's; at stride 2 (rows, columns or both) for the forward and weight gradient, and
 // (2, 2) for the input gradient.
-// FASTOPS_NCHW_WIDE=0 in the environment (read once) turns it off, for A/B runs.
-
 bool use_wide_rows(const DepthwiseGeometry& g, Pass pass) {
-  static const bool enabled = switched_on("FASTOPS_NCHW_WIDE");
-  if (!enabled || g.KH != 3 || g.KW != 3 || g.W <= 16) return false;
+  if (g.KH != 3 || g.KW != 3 || g.W <= 16) return false;
   if (g.sh == 1 && g.sw == 1) {
     // AVX2's stride-1 forward and input gradient gain only with runs of whole vectors (48 wide and
     // over); on 20x20 to 40x40 they lost 10-30% to the phase planes (input gradient: 20x20 0.63 ms
@@ -1679,16 +1674,14 @@ void run_weight_sums(FastPath path, float* ws, const float* x, const float* go, 
 // slower than the fp32 one (git show 00da02d:benchmarks/results/depthwise_conv2d_cpu_nchw_half.md). Instead the planes
 // go through them in chunks (a few images x a run of channels) widened into per-thread fp32 buffers
 // of about L2/4, and the result is narrowed back: memory still carries only the fp16/bf16 tensors,
-// and the conversions add ~2 instructions per element. FASTOPS_NCHW_HALF_FP32=0 in the environment
-// (read once) leaves fp16/bf16 to the phase planes, for A/B runs.
+// and the conversions add ~2 instructions per element.
 // Where it pays (thread-time A/B per pass, bf16, both ISAs): every strided pass (1.3-3.8x faster) and
 // weight gradient, and stride-1 forward and input gradient on the register and channel-blocked paths'
 // maps under 48 wide (1.3-2x). Stride-1 forward and input gradient on wider maps, and on the wide-row
 // path at any width, stay with the phase planes, which widen each plane as they go: through fp32 the
 // same 3x3 56x56 forward ran 20% (AVX-512) to 45% (AVX2) slower, a 7x7 one 10-30% slower.
 bool half_through_fp32(FastPath path, const DepthwiseGeometry& g, Pass pass) {
-  static const bool enabled = switched_on("FASTOPS_NCHW_HALF_FP32");
-  if (!enabled || path == FastPath::kNone) return false;
+  if (path == FastPath::kNone) return false;
   if (pass == Pass::kWeightGradient || g.sh > 1 || g.sw > 1) return true;
   return path != FastPath::kWide && g.W < 48;
 }
