@@ -1,6 +1,7 @@
-// The one TORCH_LIBRARY(fastops, m): every schema lives here, one block per op. Kernels register
-// themselves per device in cpu/<op>.cpp and cuda/<op>.cu; Python adds fake kernels, autograd and
-// autocast rules in fastops/ops/<op>.py.
+// The one TORCH_LIBRARY(fastops, m), holding _build_info, and the fastops._C Python module. Each op's
+// schemas, autograd and autocast live with it in csrc/<op>_op.cpp (a TORCH_LIBRARY_FRAGMENT); its
+// kernels register themselves per device in cpu/<op>.cpp and cuda/<op>.cu, and Python adds fake
+// kernels (and the rest of autograd and autocast, where an op has it there) in fastops/ops/<op>.py.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -45,76 +46,4 @@ std::string build_info() {
 
 }  // namespace fastops
 
-TORCH_LIBRARY(fastops, m) {
-  m.def("_build_info() -> str", &fastops::build_info);
-
-  // batch_norm: y = (x - mean) * invstd * weight + bias over dim 1, the statistics of the batch
-  // (training) or the running ones (eval); fastops/ops/batch_norm.py. Returns (y, mean, invstd,
-  // unbiased_var): mean and invstd in the compute dtype for the backward; unbiased_var (training only,
-  // else empty) for the running-statistics update the caller makes. The backward returns (grad_x or
-  // an empty tensor unless input_grad, grad_weight, grad_bias); grad_weight and grad_bias in the
-  // compute dtype.
-  m.def(
-      "batch_norm(Tensor x, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, "
-      "float eps) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def(
-      "batch_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, Tensor mean, Tensor invstd, bool training, "
-      "bool input_grad) -> (Tensor, Tensor, Tensor)");
-
-  // clipped_log: log(clamp(x, min=eps)); fastops/ops/clipped_log.py
-  m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
-  m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");
-
-  // gelu: gelu(x) and gelu(x + bias), approximate "none" (erf) or "tanh"; fastops/ops/gelu.py
-  m.def("gelu(Tensor x, str approximate) -> Tensor");
-  m.def("gelu_backward(Tensor grad_out, Tensor x, str approximate) -> Tensor");
-  m.def("bias_gelu(Tensor x, Tensor bias, str approximate) -> Tensor");
-  m.def("bias_gelu_backward(Tensor grad_out, Tensor x, Tensor bias, str approximate) -> (Tensor, Tensor)");
-
-  // squeeze_excite: the memory passes of an SE block x * gate(fc2(act(fc1(mean_hw(x))))); the FCs between
-  // them run in ATen. Per-(n, c) tensors are (N, C) in float32
-  // (float64 for float64 x). backward_input: grad_out * scale + grad_pool / HW.
-  m.def("squeeze_excite_pool(Tensor x) -> Tensor");
-  m.def("squeeze_excite_scale(Tensor x, Tensor scale) -> Tensor");
-  m.def("squeeze_excite_backward_reduce(Tensor grad_out, Tensor x) -> Tensor");
-  m.def("squeeze_excite_backward_input(Tensor grad_out, Tensor scale, Tensor grad_pool) -> Tensor");
-  // The whole block, its autograd in C++ (csrc/squeeze_excite_block.cpp): squeeze_excite's backward is
-  // squeeze_excite_backward. _forward returns y and the (N, C) / (N, R) intermediates _backward takes;
-  // _backward returns (grad_x, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias) in the
-  // compute dtype, grad_x empty unless input_grad.
-  m.def(
-      "squeeze_excite(Tensor x, Tensor fc1_weight, Tensor? fc1_bias, Tensor fc2_weight, Tensor? fc2_bias, str act, "
-      "str gate) -> Tensor");
-  m.def(
-      "squeeze_excite_forward(Tensor x, Tensor fc1_weight, Tensor? fc1_bias, Tensor fc2_weight, Tensor? fc2_bias, "
-      "str act, str gate) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  m.def(
-      "squeeze_excite_backward(Tensor grad_out, Tensor x, Tensor fc1_weight, Tensor fc2_weight, Tensor pooled, "
-      "Tensor hidden, Tensor activated, Tensor pre_gate, Tensor scale, str act, str gate, bool input_grad) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-
-  // fused_adam_: one Adam/AdamW step over lists of tensors; fastops/optim/fused_adam.py.
-  // lr_tensor, when given, replaces lr. grads are written back unscaled when grad_scale is given.
-  m.def(
-      "fused_adam_(Tensor(a!)[] params, Tensor(b!)[] grads, Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, "
-      "Tensor(e!)[] max_exp_avg_sqs, Tensor(f!)[] steps, Tensor? lr_tensor, float lr, float beta1, float beta2, "
-      "float weight_decay, float eps, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
-
-  // depthwise_conv2d: F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
-  // (top, bottom, left, right); fastops/ops/depthwise_conv2d.py
-  m.def(
-      "depthwise_conv2d(Tensor x, Tensor weight, Tensor? bias, int[2] stride, int[4] padding, int[2] dilation) "
-      "-> Tensor");
-  m.def(
-      "depthwise_conv2d_backward_input(Tensor grad_out, Tensor weight, SymInt[4] input_size, int[2] stride, "
-      "int[4] padding, int[2] dilation, bool channels_last) -> Tensor");
-  m.def(
-      "depthwise_conv2d_backward_weight(Tensor grad_out, Tensor x, int[2] kernel_size, int[2] stride, "
-      "int[4] padding, int[2] dilation) -> (Tensor, Tensor)");
-  // depthwise_separable_conv2d: depthwise (groups=C) then 1x1 conv, fused on the CPU (NHWC tiles,
-  // the depthwise output never stored); fastops/ops/depthwise_separable_conv2d.py
-  m.def(
-      "depthwise_separable_conv2d(Tensor x, Tensor dw_weight, Tensor? dw_bias, Tensor pw_weight, Tensor? pw_bias, "
-      "int[2] stride, int[4] padding, int[2] dilation) -> Tensor");
-}
+TORCH_LIBRARY(fastops, m) { m.def("_build_info() -> str", &fastops::build_info); }

@@ -95,3 +95,49 @@ def test_one_version_number() -> None:
 
     pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
     assert pyproject["project"]["version"] == __version__
+
+
+# Where an op's files are, by its name alone (CONTRIBUTING.md), and the named exceptions.
+_MIRROR = (
+    "csrc/{op}_op.cpp",
+    "csrc/cpu/{op}.cpp",
+    "csrc/cuda/{op}.cu",
+    "fastops/ops/{op}.py",
+    "fastops/reference/{op}.py",
+    "fastops/nn/{op}.py",
+    "tests/ops/test_{op}.py",
+    "tests/nn/test_{op}.py",
+    "benchmarks/bench_{op}.py",
+    "docs/{op}.md",
+)
+_NOT_MIRRORED = {
+    "csrc/cuda/depthwise_separable_conv2d.cu",  # CPU-only: on CUDA its module runs the unfused pair
+    "fastops/nn/fused_adam.py",  # an optimizer, not a module: fastops/optim/fused_adam.py
+    "tests/nn/test_fused_adam.py",  # tests/optim/test_fused_adam.py
+}
+
+
+def _ops() -> list[str]:
+    return sorted(p.stem for p in (PACKAGE / "ops").glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_every_op_has_its_files_under_its_own_name() -> None:
+    root = PACKAGE.parent
+    assert len(_ops()) >= 7
+    missing = [
+        path
+        for op in _ops()
+        for path in (pattern.format(op=op) for pattern in _MIRROR)
+        if path not in _NOT_MIRRORED and not (root / path).exists()
+    ]
+    assert not missing, f"files missing from the mirror: {missing}"
+    assert (root / "fastops/optim/fused_adam.py").exists() and (
+        root / "tests/optim/test_fused_adam.py"
+    ).exists()
+
+
+def test_csrc_holds_no_file_of_several_ops() -> None:
+    """Each op's schemas, autograd and autocast sit in its csrc/<op>_op.cpp, not in a shared file."""
+    ops = set(_ops())
+    top = {p.name for p in (PACKAGE.parent / "csrc").glob("*.cpp")}
+    assert top == {f"{op}_op.cpp" for op in ops} | {"registration.cpp", "tuner.cpp"}

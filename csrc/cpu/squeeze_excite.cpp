@@ -1,5 +1,5 @@
 // squeeze_excite on the CPU: the four memory passes of an SE block y = x * gate(fc2(act(fc1(mean_hw(x))))).
-// The act and gate between them run in ATen (csrc/squeeze_excite_block.cpp); the FCs too, but for a
+// The act and gate between them run in ATen (csrc/squeeze_excite_op.cpp); the FCs too, but for a
 // small float32 batch in the AVX-512 build, which runs the FC kernels at the end of this file.
 //   squeeze_excite_pool:             p[n,c]      = sum_hw x[n,c,hw] / HW
 //   squeeze_excite_scale:            y[n,c,hw]   = x[n,c,hw] * s[n,c]
@@ -667,7 +667,7 @@ bool se_fc_applies(const at::Tensor& input) {
 
 namespace {
 // The operands as the kernels read them. The block's raw ops check every argument with its name
-// (csrc/squeeze_excite_block.cpp), so this is an invariant, kept as a guard against a read out of bounds.
+// (csrc/squeeze_excite_op.cpp), so this is an invariant, kept as a guard against a read out of bounds.
 void assert_fc_operand(const at::Tensor& t, at::IntArrayRef shape) {
   TORCH_INTERNAL_ASSERT(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.sizes() == shape,
                         "fastops.squeeze_excite: FC operand ", str(t.device()), " ", str(t.scalar_type()), " ",

@@ -27,7 +27,7 @@ class DtypeError(TypeError, NotImplementedError):
 
 
 def autocast_will_cast(x: object) -> bool:
-    """Whether autocast is on for x's device. An op with an autocast kernel (csrc/autocast.cpp) then
+    """Whether autocast is on for x's device. An op with an autocast kernel (csrc/depthwise_conv2d_op.cpp) then
     casts its tensors to the autocast dtype before any kernel or fake kernel sees them, so the eager
     check before dispatch must not yet ask their dtypes to agree (a bf16 activation meets fp32
     weights in every autocast model). Only CPU and CUDA have such kernels; torch.is_autocast_enabled

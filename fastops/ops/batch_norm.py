@@ -1,6 +1,6 @@
 """batch_norm: ``F.batch_norm`` over the channels (dim 1) as one statistics + normalisation kernel
 forward and one reduction + input-gradient kernel backward (csrc/cpu/batch_norm.cpp,
-csrc/cuda/batch_norm.cu). Its autograd is C++ (csrc/autograd.cpp)."""
+csrc/cuda/batch_norm.cu). Its autograd is C++ (csrc/batch_norm_op.cpp)."""
 
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ def _batch_norm_backward_fake(
 
 
 # ---- double backward ------------------------------------------------------------------------------
-# The forward op's autograd is C++ (csrc/autograd.cpp); with create_graph it calls batch_norm_backward
+# The forward op's autograd is C++ (csrc/batch_norm_op.cpp); with create_graph it calls batch_norm_backward
 # through autograd, and this registration differentiates that backward (gradient penalties,
 # Hessian-vector products). Plain PyTorch math: second derivatives are rare enough that a kernel
 # would not pay for itself, and torch.func.vjp of the first-derivative formula cannot drift from it.

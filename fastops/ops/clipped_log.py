@@ -63,7 +63,7 @@ def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight
     return torch.empty_like(x)
 
 
-# The forward op's autograd is C++ (csrc/autograd.cpp: no Python on the way of a call); the backward
+# The forward op's autograd is C++ (csrc/clipped_log_op.cpp: no Python on the way of a call); the backward
 # op's autograd (double backward) is here.
 
 

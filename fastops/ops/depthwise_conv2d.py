@@ -122,7 +122,7 @@ def _fake_wgrad(grad_out: Tensor, x: Tensor, kernel_size, stride, padding, dilat
     return x.new_empty((c, 1, kernel_size[0], kernel_size[1])), x.new_empty((c,))
 
 
-# The autograd is C++ (csrc/autograd.cpp: no Python on the way of a call): saves x and the weight,
+# The autograd is C++ (csrc/depthwise_conv2d_op.cpp: no Python on the way of a call): saves x and the weight,
 # calls depthwise_conv2d_backward_input / _backward_weight for the gradients asked for.
-# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/autocast.cpp),
+# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++ (csrc/depthwise_conv2d_op.cpp),
 # since torch.library.register_autocast can only name a fixed dtype.

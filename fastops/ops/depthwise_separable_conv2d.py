@@ -177,4 +177,4 @@ torch.library.register_autograd(
     "fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context
 )
 # Autocast (conv2d's policy: run in the autocast dtype) is registered in C++
-# (csrc/autocast.cpp).
+# (csrc/depthwise_separable_conv2d_op.cpp).

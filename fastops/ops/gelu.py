@@ -162,7 +162,7 @@ def _second_derivative(x: Tensor, approximate: str) -> Tensor:
     return 2.0 * ds + x * d2s
 
 
-# The forward ops' autograd is C++ (csrc/autograd.cpp: no Python on the way of a call); the backward
+# The forward ops' autograd is C++ (csrc/gelu_op.cpp: no Python on the way of a call); the backward
 # ops' autograd (double backward) is here.
 
 

@@ -4,7 +4,7 @@ float32 batch of at most 16 our small-batch FC kernels (csrc/cpu/squeeze_excite.
 
 Four registered ops carry the passes (csrc/cpu/squeeze_excite.cpp, csrc/cuda/squeeze_excite.cu); each
 has a fake kernel and its own autograd, so each passes ``torch.library.opcheck`` alone. The block is
-one more op, ``squeeze_excite``, whose autograd is C++ (csrc/squeeze_excite_block.cpp): its backward
+one more op, ``squeeze_excite``, whose autograd is C++ (csrc/squeeze_excite_op.cpp): its backward
 is not the sum of the passes' backwards (eager's backward of ``x * s`` plus the pool's backward
 writes ``dx`` twice and adds; ours computes ``dx = g * s + dpool / HW`` in one pass), and on the small
 maps of MobileNetV3 a Python autograd node and a dozen Python-to-C++ steps cost as much as the

@@ -1,7 +1,7 @@
 // The autocast wrapper of ops whose policy is conv2d's: under autocast they run in the autocast
 // dtype of the device (bf16 on the CPU by default, fp16 on CUDA), whatever dtype arrives.
 // torch.library.register_autocast can only name one fixed dtype, so these ops register this kernel
-// from csrc/autocast.cpp instead, one line per op and device.
+// from the op's csrc/<op>_op.cpp instead, one line per op and device.
 //
 // One boxed kernel serves every schema: it casts each tensor argument with at::autocast::cached_cast
 // (floating tensors on the device only, never fp64; the cast of a weight is cached for the autocast

@@ -3,7 +3,7 @@
 //
 // The four ops are the memory passes of an SE block over x of shape (N, C, H, W); everything per
 // (n, c) is an (N, C) contiguous tensor in x's opmath dtype (float32 for fp16/bf16/fp32 x, float64
-// for float64 x), so the tiny FCs between them (csrc/squeeze_excite_block.cpp) see float32.
+// for float64 x), so the tiny FCs between them (csrc/squeeze_excite_op.cpp) see float32.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,5 @@
-// The whole SE block y = x * gate(fc2(act(fc1(mean_hw(x))))) as one op with its autograd in C++:
+// squeeze_excite, the op: the schemas of the block and of its memory passes, and the whole SE block
+// y = x * gate(fc2(act(fc1(mean_hw(x))))) as one op with its autograd in C++:
 //   squeeze_excite           the block; its Autograd kernel (a torch::autograd::Function) calls
 //   squeeze_excite_forward   y and the (N, C) / (N, R) intermediates, and its backward calls
 //   squeeze_excite_backward  every gradient of the block.
@@ -44,6 +45,30 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+TORCH_LIBRARY_FRAGMENT(fastops, m) {
+  // squeeze_excite: the memory passes of an SE block x * gate(fc2(act(fc1(mean_hw(x))))); the FCs between
+  // them run in ATen. Per-(n, c) tensors are (N, C) in float32
+  // (float64 for float64 x). backward_input: grad_out * scale + grad_pool / HW.
+  m.def("squeeze_excite_pool(Tensor x) -> Tensor");
+  m.def("squeeze_excite_scale(Tensor x, Tensor scale) -> Tensor");
+  m.def("squeeze_excite_backward_reduce(Tensor grad_out, Tensor x) -> Tensor");
+  m.def("squeeze_excite_backward_input(Tensor grad_out, Tensor scale, Tensor grad_pool) -> Tensor");
+  // The whole block, its autograd in C++ (below): squeeze_excite's backward is
+  // squeeze_excite_backward. _forward returns y and the (N, C) / (N, R) intermediates _backward takes;
+  // _backward returns (grad_x, grad_fc1_weight, grad_fc1_bias, grad_fc2_weight, grad_fc2_bias) in the
+  // compute dtype, grad_x empty unless input_grad.
+  m.def(
+      "squeeze_excite(Tensor x, Tensor fc1_weight, Tensor? fc1_bias, Tensor fc2_weight, Tensor? fc2_bias, str act, "
+      "str gate) -> Tensor");
+  m.def(
+      "squeeze_excite_forward(Tensor x, Tensor fc1_weight, Tensor? fc1_bias, Tensor fc2_weight, Tensor? fc2_bias, "
+      "str act, str gate) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "squeeze_excite_backward(Tensor grad_out, Tensor x, Tensor fc1_weight, Tensor fc2_weight, Tensor pooled, "
+      "Tensor hidden, Tensor activated, Tensor pre_gate, Tensor scale, str act, str gate, bool input_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+}
 
 namespace fastops {
 namespace {

@@ -1,0 +1,66 @@
+// clipped_log, the op: its schema and its Autograd kernel. The device kernels are in
+// cpu/clipped_log.cpp and cuda/clipped_log.cu; the fake kernel, the autocast rule and the backward
+// op's autograd (for double backward) in fastops/ops/clipped_log.py.
+//
+// The Autograd kernel is C++ (a torch::autograd::Function) so that no Python runs on the way of a
+// call: registered from Python every call entered a Python kernel at the Autograd key (a 0-element
+// gelu cost 9.2 us against eager's 1.4, forward + backward 56 us against 20; torch 2.13). A call with
+// no gradient to record goes straight below autograd; one that records runs the Function, whose
+// backward calls the backward op below autograd too, or through autograd with create_graph (double
+// backward: the backward op's own autograd).
+#include <ATen/core/grad_mode.h>
+#include <fastops/autograd.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+TORCH_LIBRARY_FRAGMENT(fastops, m) {
+  // clipped_log: log(clamp(x, min=eps)); fastops/ops/clipped_log.py
+  m.def("clipped_log(Tensor x, float eps, bool straight_through) -> Tensor");
+  m.def("clipped_log_backward(Tensor grad_out, Tensor x, float eps, bool straight_through) -> Tensor");
+}
+
+namespace fastops {
+namespace {
+
+using ClippedLogSig = at::Tensor(const at::Tensor&, double, bool);
+using ClippedLogBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, double, bool);
+
+// The ops this file calls through the dispatcher (so that each device's kernel runs), looked up once.
+struct Ops {
+  c10::TypedOperatorHandle<ClippedLogSig> clipped_log = find_op<ClippedLogSig>("fastops::clipped_log");
+  c10::TypedOperatorHandle<ClippedLogBackwardSig> clipped_log_backward =
+      find_op<ClippedLogBackwardSig>("fastops::clipped_log_backward");
+};
+
+class ClippedLogFunction : public torch::autograd::Function<ClippedLogFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double eps, bool straight_through) {
+    ctx->save_for_backward({x});  // the only saved tensor: the output is not needed
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["straight_through"] = straight_through;
+    return below_autograd(handles<Ops>().clipped_log, x, eps, straight_through);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor x = ctx->get_saved_variables()[0];
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool straight_through = ctx->saved_data["straight_through"].toBool();
+    return {backward_call(handles<Ops>().clipped_log_backward, grads[0], x, eps, straight_through), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor clipped_log_autograd(const at::Tensor& x, double eps, bool straight_through) {
+  if (!records_grad({&x})) return below_autograd(handles<Ops>().clipped_log, x, eps, straight_through);
+  return ClippedLogFunction::apply(x, eps, straight_through);
+}
+
+}  // namespace
+}  // namespace fastops
+
+TORCH_LIBRARY_IMPL(fastops, Autograd, m) { m.impl("clipped_log", &fastops::clipped_log_autograd); }
