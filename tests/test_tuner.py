@@ -582,10 +582,15 @@ _GLOO_SCRIPT = textwrap.dedent(
 def test_two_gloo_processes_adopt_rank0s_choices(tuned: Path) -> None:
     init = f"file://{tuned / 'rendezvous'}"
     out = tuned / "result"
-    env = {**os.environ, "PYTHONPATH": str(REPO), tuner.CACHE_ENV: str(tuned / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop(policy.BACKEND_ENV, None)
+    # A cache each: the ranks' fake clocks disagree on purpose, and with one shared cache the rank that
+    # saves first would hand its measurement to the other (as it should, on one real machine).
     ranks = [
-        subprocess.Popen([sys.executable, "-c", _GLOO_SCRIPT, str(r), "2", init, str(out)], env=env)
+        subprocess.Popen(
+            [sys.executable, "-c", _GLOO_SCRIPT, str(r), "2", init, str(out)],
+            env={**env, tuner.CACHE_ENV: str(tuned / f"cache{r}")},
+        )
         for r in range(2)
     ]
     assert [p.wait(timeout=240) for p in ranks] == [0, 0]

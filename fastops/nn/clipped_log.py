@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from fastops import policy
 from fastops.ops._validate import check_positive_float
 from fastops.ops.clipped_log import clipped_log
 from fastops.reference.clipped_log import clipped_log as reference_clipped_log
+
+_CLIPPED_LOG_OP = torch.ops.fastops.clipped_log.default
 
 
 class ClippedLog(policy.TunedModule):
@@ -26,7 +29,12 @@ class ClippedLog(policy.TunedModule):
         return f"straight_through={self.straight_through}"
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
-        return clipped_log(x, self.eps, self.straight_through)
+        # The registered op called directly (its C++ kernel checks x and eps against x's dtype; the
+        # constructor checked eps); on a refusal the checked function names what was wrong.
+        try:
+            return _CLIPPED_LOG_OP(x, self.eps, self.straight_through)
+        except (RuntimeError, TypeError, ValueError):
+            return clipped_log(x, self.eps, self.straight_through)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         # PyTorch's clamp and log, with the same (straight-through or not) gradient.

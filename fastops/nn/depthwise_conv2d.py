@@ -50,6 +50,10 @@ def tf_same_padding(
 
 
 _OP = "depthwise_conv2d"  # argument errors name the op the module runs
+# The registered op, which the modules call directly: its C++ kernel checks the tensors, and the
+# modules hold their own hyper-parameters checked (fastops.depthwise_conv2d checks both, per call).
+_DEPTHWISE_OP = torch.ops.fastops.depthwise_conv2d.default
+_REFUSED = (RuntimeError, TypeError, ValueError)  # what the registered op raises for an input it refuses
 
 
 def _unbatched(x: object) -> bool:
@@ -112,7 +116,23 @@ class DepthwiseConv2d(policy.TunedModule, nn.Conv2d):
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding!r}, dilation={self.dilation}"
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
-        return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+        params = self._parameters  # (self.weight costs ~0.4 us a lookup, through nn.Module.__getattr__)
+        try:
+            return _DEPTHWISE_OP(x, params["weight"], params["bias"], *self._op_args())
+        except _REFUSED:
+            # The checked function names what was wrong, in the op's typed error (or raises again).
+            return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
+
+    def _op_args(self) -> tuple[list[int], list[int], list[int]]:
+        """stride, (top, bottom, left, right) padding and dilation as the registered op takes them,
+        kept while the attributes they come from stay the same (plain attributes a user may set)."""
+        key = (self.kernel_size, self.stride, self.padding, self.dilation)
+        cached = self.__dict__.get("_fastops_op_args")
+        if cached is None or cached[0] != key:
+            pads = resolve_padding(_OP, self.padding, self.kernel_size, self.stride, self.dilation)
+            cached = (key, (list(self.stride), list(pads), list(self.dilation)))
+            self.__dict__["_fastops_op_args"] = cached
+        return cached[1]
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.channels)
@@ -182,10 +202,13 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
         return super().fastops_details().replace(f"padding={self.padding!r}", "padding='tf_same'")
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
-        top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
-        return depthwise_conv2d(
-            x, self.weight, self.bias, self.stride, (top, bottom, left, right), self.dilation
-        )
+        pads = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
+        try:
+            return _DEPTHWISE_OP(
+                x, self.weight, self.bias, list(self.stride), list(pads), list(self.dilation)
+            )
+        except _REFUSED:
+            return depthwise_conv2d(x, self.weight, self.bias, self.stride, pads, self.dilation)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)

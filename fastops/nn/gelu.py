@@ -75,7 +75,18 @@ def _gelu_skip_reason(m: nn.Module) -> str | None:
 
 
 _GELU_OP = torch.ops.fastops.gelu.default
+# The registered op, called directly as _GELU_OP is: its C++ kernel checks the tensors; on a refusal
+# the checked fastops.bias_gelu runs instead to name what was wrong in the op's typed error.
+_BIAS_GELU_OP = torch.ops.fastops.bias_gelu.default
+_REFUSED = (RuntimeError, TypeError, ValueError)
 _KERNEL_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
+def _bias_gelu(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
+    try:
+        return _BIAS_GELU_OP(x, bias, approximate)
+    except _REFUSED:
+        return bias_gelu(x, bias, approximate)
 
 
 class GELU(policy.TunedModule):
@@ -149,7 +160,9 @@ class BiasGELU(policy.TunedModule):
         return f"approximate={self.approximate!r}"
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
-        return bias_gelu(x, self.bias.to(x.dtype), self.approximate)
+        bias = self._parameters["bias"]  # (self.bias: ~0.4 us through nn.Module.__getattr__)
+        assert bias is not None
+        return _bias_gelu(x, bias if bias.dtype == x.dtype else bias.to(x.dtype), self.approximate)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.gelu(x + self.bias.to(x.dtype), approximate=self.approximate)
@@ -213,7 +226,7 @@ class LinearGELU(policy.TunedModule, nn.Linear):
         y = F.linear(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)
-        return bias_gelu(y, self.bias.to(y.dtype), self.approximate)
+        return _bias_gelu(y, self.bias.to(y.dtype), self.approximate)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.gelu(F.linear(x, self.weight, self.bias), approximate=self.approximate)
