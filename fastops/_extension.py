@@ -92,7 +92,8 @@ def _jit_build() -> LoadedExtension:
 
     sources = _build.sources(with_cuda)
     library = build_dir / f"{name}.so"
-    inputs = [Path(s) for s in sources] + list((_build.CSRC_DIR / "include").rglob("*"))
+    headers = [*(_build.CSRC_DIR / "include").rglob("*"), *_build.CSRC_DIR.glob("*/*.h")]
+    inputs = [Path(s) for s in sources] + headers
     if not library.exists() or max(p.stat().st_mtime for p in inputs) > library.stat().st_mtime:
         print(
             f"fastops: compiling kernels from {_build.CSRC_DIR} ({tag}, {capability}) into "

@@ -6,7 +6,8 @@
 //
 // This file holds the entry points: argument checks, the layout choice (use_channels_last), the
 // weights in opmath and the dtype dispatch. The kernels live one layout a file:
-// depthwise_conv2d_nchw.cpp (phase planes and flat gathers, one (n, c) plane per task) and
+// depthwise_conv2d_nchw.cpp (phase planes and flat gathers, one (n, c) plane per task; its fp32 paths
+// for particular maps in depthwise_conv2d_nchw_<path>.cpp) and
 // depthwise_conv2d_nhwc.cpp (channel vectors, one row per task). Both leave the weight gradient as
 // partial sums over a partition fixed by the shape, which sum_rows_in_order adds in order: the
 // weight gradient is bitwise repeatable whatever the thread count.
