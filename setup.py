@@ -50,9 +50,16 @@ extension_class = CUDAExtension if with_cuda else CppExtension
 extra_compile_args = {"cxx": build.cxx_flags(with_cuda, capability)}
 if with_cuda:
     extra_compile_args["nvcc"] = build.nvcc_flags()
+# The headers too: setuptools skips the build when no listed file is newer than the library, so an
+# edit to a header alone would otherwise leave the old library in place (ninja's own depfiles then
+# recompile exactly the files that include it).
+headers = sorted(
+    os.path.relpath(h, ROOT) for pattern in ("*.h", "*.cuh") for h in (ROOT / "csrc").rglob(pattern)
+)
 ext = extension_class(
     name="fastops._C",
     sources=sources,
+    depends=headers,
     include_dirs=build.include_dirs(ROOT / "csrc"),
     extra_compile_args=extra_compile_args,
     extra_link_args=build.ld_flags(),
