@@ -32,6 +32,7 @@ import argparse
 import csv
 import ctypes
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -714,27 +715,35 @@ def run_benchmark(
     torch._dynamo.config.recompile_limit = 1024
     torch._dynamo.config.accumulated_recompile_limit = 16384
 
+    def timed(
+        source: Iterable[BenchCase], wanted: Callable[[BenchCase], bool], seconds: float, roofline: float
+    ) -> Iterator[list[Result]]:
+        """Each wanted case of source with its providers timed interleaved, case by case."""
+        for case in source:
+            if not wanted(case):
+                continue
+            providers = {
+                name: fn for name, fn in case.providers.items() if not (name == "compile" and args.no_compile)
+            }
+            with torch.set_grad_enabled(case.grad):
+                times = interleaved_times(
+                    providers, device, seconds, warmup=warmup, min_reps=min_reps, max_reps=max_reps
+                )
+            group = [_result(op, case, name, ts, roofline) for name, ts in times.items()]
+            _print_group(group)
+            # Drop this case's tensors before the generator allocates the next one's.
+            del case, providers, times
+            yield group
+
     pending = iter(cases(args))
-    case = next(pending, None)
-    if case is None:
+    first = next(pending, None)
+    if first is None:
         return []
     roofline = copy_roofline_gbps(device, min_time=seconds)
     print(f"copy roofline on {device}: {roofline:.1f} GB/s", flush=True)
-    results: list[Result] = []
-    while case is not None:
-        providers = {
-            name: fn for name, fn in case.providers.items() if not (name == "compile" and args.no_compile)
-        }
-        with torch.set_grad_enabled(case.grad):
-            times = interleaved_times(
-                providers, device, seconds, warmup=warmup, min_reps=min_reps, max_reps=max_reps
-            )
-        group = [_result(op, case, name, ts, roofline) for name, ts in times.items()]
-        _print_group(group)
-        results += group
-        # Drop this case's tensors before the generator allocates the next one's.
-        del case, providers, times
-        case = next(pending, None)
+    every_case = itertools.chain([first], pending)
+    del first  # (the chain holds it until it is timed, then lets it go)
+    results = [r for group in timed(every_case, lambda case: True, seconds, roofline) for r in group]
 
     if finish is not None:
         results = finish(results)
@@ -746,12 +755,31 @@ def run_benchmark(
         failures = check_speedups(results, check_pairs, check_minimum)
         pairs = ", ".join(f"{ours} vs {baseline}" for ours, baseline in check_pairs)
         if failures:
+            # A row group whose providers are within noise of each other falls below the line now
+            # and then on a shared machine: time the suspects again, three times as long, and judge
+            # those groups by the second timing (both are printed; the data file keeps the first).
+            suspects = {failure.group for failure in failures}
+            print(f"check: {len(suspects)} row group(s) below {check_minimum:.2f}x, timing them again:")
+            again = [
+                r
+                for group in timed(
+                    cases(args), lambda case: _group_key(case) in suspects, 3 * seconds, roofline
+                )
+                for r in group
+            ]
+            failures = check_speedups(again, check_pairs, check_minimum)
+        if failures:
             print(f"check FAILED ({pairs}): {len(failures)} row group(s) below {check_minimum:.2f}x:")
             for failure in failures:
                 print(f"  {failure}")
             sys.exit(1)
         print(f"check passed ({pairs}): no row group below {check_minimum:.2f}x")
     return results
+
+
+def _group_key(case: BenchCase) -> tuple[str, str, str, str]:
+    """The (case, direction, dtype, size) of a case's row group, as check_speedups groups results."""
+    return (case.case, case.direction, str(case.dtype).removeprefix("torch."), case.size)
 
 
 def _result(op: str, case: BenchCase, provider: str, times: list[float], roofline: float) -> Result:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import csv
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -98,3 +100,43 @@ def test_a_run_writes_one_long_format_file_with_its_facts(
     )
     assert row["machine_tag"] in path.name and row["machine_tag"].endswith(f"-t{row['threads']}")
     assert common.result_from_row(row).extra == extra
+
+
+def _sleepy_cases(auto_ms: list[float]) -> Callable[[Any], Iterator[common.BenchCase]]:
+    """One row group; "auto" sleeps auto_ms[0] ms per call on the first pass over the cases, then
+    auto_ms[1] on the next (a --check re-timing), "torch" 2 ms throughout."""
+    passes = [0]
+
+    def cases(args: Any) -> Iterator[common.BenchCase]:
+        ms = auto_ms[min(passes[0], len(auto_ms) - 1)]
+        passes[0] += 1
+        providers = {"auto": lambda: time.sleep(ms / 1e3), "torch": lambda: time.sleep(2e-3)}
+        yield common.BenchCase("c", "fwd", torch.float32, "8", providers)
+
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("auto_ms", "fails"), [((3.0, 2.0), False), ((3.0, 3.0), True)], ids=["noise", "slower"]
+)
+def test_check_times_suspects_again_before_failing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str], auto_ms, fails
+) -> None:
+    monkeypatch.setattr(common, "_git_state", lambda: ("abc1234", False))
+    argv = ["--device", "cpu", "--min-time", "0.03", "--check", "--out", str(tmp_path), "--fresh-pages"]
+    run = lambda: common.run_benchmark(  # noqa: E731
+        "sleepy",
+        _sleepy_cases(list(auto_ms)),
+        description="",
+        argv=argv,
+        check_pairs=(("auto", "torch"),),
+        check_minimum=0.97,
+    )
+    if fails:
+        with pytest.raises(SystemExit):
+            run()
+    else:
+        run()
+    out = capsys.readouterr().out
+    assert "timing them again" in out
+    assert ("check FAILED" in out) == fails and ("check passed" in out) != fails
