@@ -630,3 +630,30 @@ def test_timed_backwards_get_an_upstream_laid_out_as_the_output() -> None:
     with tuner.use_timer(FakeTimer(1.0, 2.0)):
         m(x)
     assert m.seen and all(m.seen)
+
+
+class SequenceTimer:
+    """Seconds per call from a list per path, in call order (runs each fn once)."""
+
+    def __init__(self, fastops_s: list[float], torch_s: list[float]) -> None:
+        self.times = {"fastops": list(fastops_s), "torch": list(torch_s)}
+
+    def __call__(self, path: str, fn: Callable[[], None], reps: int) -> float:
+        fn()
+        return self.times[path].pop(0)
+
+
+def test_a_noisy_measurement_whose_two_estimates_disagree_keeps_torch() -> None:
+    """Round ratios 1.1, 1.1, 0.1 (median 1.1: ours) but medians 2 s ours against 1.1 s PyTorch's:
+    the measurement cannot tell, and the module keeps the kernel it replaced."""
+    m = GELU()
+    # the single-call timings first, then three rounds (fastops first, torch first, fastops first)
+    with tuner.use_timer(SequenceTimer([1.0, 1.0, 2.0, 10.0], [1.0, 1.1, 2.2, 1.0])):
+        m(torch.randn(8))
+    (record,) = m.__dict__[policy.STATE_ATTR].records.values()
+    assert record.choice is True and record.entry["fastops_us"] == 2e6 and record.entry["torch_us"] == 1.1e6
+    m2 = GELU()
+    with tuner.use_timer(SequenceTimer([1.0, 1.0, 2.0, 1.0], [1.0, 1.1, 2.2, 1.1])):
+        m2(torch.randn(9))  # another kind of input: not the first one's cached choice
+    (record,) = m2.__dict__[policy.STATE_ATTR].records.values()
+    assert record.choice is False  # both say ours: 1.1x per round, medians 1 s against 1.1 s
