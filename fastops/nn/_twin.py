@@ -17,6 +17,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+# What a registered op raises for an input it refuses. A module that calls its op directly (its
+# kernel checks the tensors) runs the checked public function on one of these, which raises the
+# op's typed error (ShapeError, DtypeError) with the same words, or raises again.
+REFUSED = (RuntimeError, TypeError, ValueError)
+
 
 def share_parameters(
     module: nn.Module, source: nn.Module, names: tuple[str, ...] = ("weight", "bias")

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from fastops import policy
+from fastops.nn._twin import REFUSED
 from fastops.ops._validate import check_positive_float
 from fastops.ops.clipped_log import clipped_log
 from fastops.reference.clipped_log import clipped_log as reference_clipped_log
@@ -33,7 +34,7 @@ class ClippedLog(policy.TunedModule):
         # constructor checked eps); on a refusal the checked function names what was wrong.
         try:
             return _CLIPPED_LOG_OP(x, self.eps, self.straight_through)
-        except (RuntimeError, TypeError, ValueError):
+        except REFUSED:
             return clipped_log(x, self.eps, self.straight_through)
 
     def _torch_forward(self, x: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fastops import policy
-from fastops.nn._twin import forward_mismatch, share_parameters
+from fastops.nn._twin import REFUSED, forward_mismatch, share_parameters
 from fastops.ops._validate import int_pair, resolve_padding
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
 from fastops.swap_rules import SwapRule, class_path, overrides, register_swap_rule
@@ -53,7 +53,6 @@ _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 # The registered op, which the modules call directly: its C++ kernel checks the tensors, and the
 # modules hold their own hyper-parameters checked (fastops.depthwise_conv2d checks both, per call).
 _DEPTHWISE_OP = torch.ops.fastops.depthwise_conv2d.default
-_REFUSED = (RuntimeError, TypeError, ValueError)  # what the registered op raises for an input it refuses
 
 
 def _unbatched(x: object) -> bool:
@@ -119,7 +118,7 @@ class DepthwiseConv2d(policy.TunedModule, nn.Conv2d):
         params = self._parameters  # (self.weight costs ~0.4 us a lookup, through nn.Module.__getattr__)
         try:
             return _DEPTHWISE_OP(x, params["weight"], params["bias"], *self._op_args())
-        except _REFUSED:
+        except REFUSED:
             # The checked function names what was wrong, in the op's typed error (or raises again).
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
 
@@ -207,7 +206,7 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
             return _DEPTHWISE_OP(
                 x, self.weight, self.bias, list(self.stride), list(pads), list(self.dilation)
             )
-        except _REFUSED:
+        except REFUSED:
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, pads, self.dilation)
 
     def _torch_forward(self, x: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from fastops import policy
-from fastops.nn._twin import accept_state_dict_keys, forward_mismatch, share_parameters
+from fastops.nn._twin import REFUSED, accept_state_dict_keys, forward_mismatch, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
 from fastops.policy import runs_torch
@@ -78,14 +78,13 @@ _GELU_OP = torch.ops.fastops.gelu.default
 # The registered op, called directly as _GELU_OP is: its C++ kernel checks the tensors; on a refusal
 # the checked fastops.bias_gelu runs instead to name what was wrong in the op's typed error.
 _BIAS_GELU_OP = torch.ops.fastops.bias_gelu.default
-_REFUSED = (RuntimeError, TypeError, ValueError)
 _KERNEL_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 
 
 def _bias_gelu(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
     try:
         return _BIAS_GELU_OP(x, bias, approximate)
-    except _REFUSED:
+    except REFUSED:
         return bias_gelu(x, bias, approximate)
 
 
