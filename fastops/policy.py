@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import NoReturn
 
 import torch
@@ -113,6 +114,14 @@ def _cached_choice(module: nn.Module, x: object, counts: Counter[str]) -> bool |
 
 
 _is_compiling = torch.compiler.is_compiling
+
+
+def compiled_runner(op: str) -> Callable[..., Tensor | None]:
+    """csrc/tuner.cpp's ``run_<op>(module, x, *op_args)``: the op's output when ``module`` remembers
+    fastops' kernel as the faster one for this kind of x, else None (then the module's forward takes
+    its Python path). A module's forward calls it first, outside torch.compile traces: one C call for
+    the choice and the op instead of the Python decision and torch.ops' boxed call."""
+    return getattr(tuner._compiled(), f"run_{op}")  # type: ignore[no-any-return]
 
 
 def runs_torch(module: TunedModule, x: Tensor) -> bool:

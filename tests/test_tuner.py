@@ -657,3 +657,131 @@ def test_a_noisy_measurement_whose_two_estimates_disagree_keeps_torch() -> None:
         m2(torch.randn(9))  # another kind of input: not the first one's cached choice
     (record,) = m2.__dict__[policy.STATE_ATTR].records.values()
     assert record.choice is False  # both say ours: 1.1x per round, medians 1 s against 1.1 s
+
+
+# ---- the remembered choice's C path (csrc/tuner.cpp run_<op>) ------------------------------------
+
+
+def _tuned_module(name: str) -> tuple[nn.Module, Tensor, Callable[[Tensor], Tensor]]:
+    """A module of each kind with the run_<op> fast path, its input, and PyTorch's expression."""
+    from fastops.nn.clipped_log import ClippedLog
+    from fastops.nn.gelu import BiasGELU
+
+    x = torch.randn(2, 4, 5, 6)
+    if name == "gelu":
+        m: nn.Module = GELU("tanh")
+        return m, x, lambda t: F.gelu(t, approximate="tanh")
+    if name == "bias_gelu":
+        m = BiasGELU(6)
+        with torch.no_grad():
+            m.bias.uniform_()
+        return m, x, lambda t: F.gelu(t + m.bias)
+    if name == "clipped_log":
+        m = ClippedLog(0.1)
+        return m, x, lambda t: torch.log(t.clamp(min=0.1))
+    m = DepthwiseConv2d(4, 3, stride=2, padding=1)
+    return m, x, lambda t: F.conv2d(t, m.weight, m.bias, 2, 1, 1, 4)
+
+
+class _OpLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """The ops that reach the dispatcher's Python key (fastops' and aten's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["gelu", "bias_gelu", "clipped_log", "depthwise_conv2d"])
+def test_a_remembered_choice_of_ours_runs_the_op_without_the_python_path(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m, x, expected = _tuned_module(name)
+    with torch.no_grad(), tuner.use_timer(FakeTimer(1.0, 2.0)):
+        m(x)  # measured: ours
+    python_path = {"calls": 0}
+
+    def counted(*args: object) -> bool:
+        python_path["calls"] += 1
+        return False
+
+    monkeypatch.setattr(policy, "_decide", counted)
+    monkeypatch.setattr(policy, "_cached_choice", lambda *args: python_path.__setitem__("calls", 99))
+    with torch.no_grad(), _OpLog() as log:
+        y = m(x)
+    torch.testing.assert_close(y, expected(x))
+    assert log.ops == [f"fastops.{name}.default"] and python_path["calls"] == 0
+    assert policy.fallback_counts()[name] == 0
+
+
+def test_the_c_path_keeps_autograd_and_autocast() -> None:
+    m, x, expected = _tuned_module("bias_gelu")
+    leaf = x.clone().requires_grad_(True)
+    with tuner.use_timer(FakeTimer(1.0, 2.0)):
+        m(leaf)  # measured: ours, for a differentiated call
+    y = m(leaf)
+    assert "BiasGeluFunction" in y.grad_fn.name()  # fastops' C++ autograd recorded the call
+    (gx, gb), (ex, eb) = (torch.autograd.grad(f(leaf).sum(), (leaf, m.bias)) for f in (m, expected))
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gb, eb)
+    log, x, _ = _tuned_module("clipped_log")
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16), tuner.use_timer(FakeTimer(1.0, 2.0)):
+        log(x.bfloat16())  # measured: ours, under autocast
+        assert log(x.bfloat16()).dtype == torch.float32  # clipped_log's autocast rule: float32, as log
+
+
+def test_a_remembered_choice_of_pytorch_counts_one_fallback_per_call() -> None:
+    m, x, expected = _tuned_module("gelu")
+    with torch.no_grad(), tuner.use_timer(FakeTimer(2.0, 1.0)):
+        m(x)  # measured: PyTorch's
+        for _ in range(3):
+            torch.testing.assert_close(m(x), expected(x))
+    assert policy.fallback_counts()["gelu"] == 4
+
+
+def test_a_torch_function_mode_or_subclass_sees_the_op_as_torch_ops_shows_it() -> None:
+    """The C path takes plain Tensors only: a __torch_function__ mode or Tensor subclass is called
+    exactly as when the module calls torch.ops itself."""
+    m, x, expected = _tuned_module("gelu")
+    with torch.no_grad(), tuner.use_timer(FakeTimer(1.0, 2.0)):
+        m(x)
+
+    class Seen(torch.overrides.TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.funcs: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.funcs.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Seen() as seen:
+        torch.testing.assert_close(m(x), expected(x))
+    assert "fastops.gelu.default" in seen.funcs
+
+    class Marked(Tensor):
+        calls = 0
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            cls.calls += 1
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    with torch.no_grad():
+        m(x.as_subclass(Marked))
+    assert Marked.calls > 0
+
+
+def test_a_same_padding_conv_keeps_its_padding_once_its_choice_is_remembered() -> None:
+    from fastops.nn.depthwise_conv2d import DepthwiseConv2dSame, tf_same_padding
+
+    m = DepthwiseConv2dSame(4, 3, stride=2)
+    x = torch.randn(2, 4, 7, 8)
+    top, bottom, left, right = tf_same_padding(x.shape[2:], (3, 3), (2, 2), (1, 1))
+    expected = F.conv2d(F.pad(x, (left, right, top, bottom)), m.weight, m.bias, 2, groups=4)
+    with torch.no_grad(), tuner.use_timer(FakeTimer(1.0, 2.0)):
+        for _ in range(2):  # measured (ours), then remembered
+            torch.testing.assert_close(m(x), expected)

@@ -78,6 +78,9 @@ _GELU_OP = torch.ops.fastops.gelu.default
 # The registered op, called directly as _GELU_OP is: its C++ kernel checks the tensors; on a refusal
 # the checked fastops.bias_gelu runs instead to name what was wrong in the op's typed error.
 _BIAS_GELU_OP = torch.ops.fastops.bias_gelu.default
+_RUN_GELU = policy.compiled_runner("gelu")
+_RUN_BIAS_GELU = policy.compiled_runner("bias_gelu")
+_is_compiling = torch.compiler.is_compiling
 _KERNEL_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 
 
@@ -115,6 +118,10 @@ class GELU(policy.TunedModule):
         return f"approximate={self.approximate!r}"
 
     def forward(self, x: Tensor) -> Tensor:
+        if not _is_compiling():
+            y = _RUN_GELU(self, x, self.approximate)  # ours, when remembered as faster for this x
+            if y is not None:
+                return y
         # TunedModule.forward with its torch side inlined: the smallest op, where a call costs most.
         if runs_torch(self, x):
             return F.gelu(x, approximate=self.approximate)
@@ -157,6 +164,16 @@ class BiasGELU(policy.TunedModule):
 
     def fastops_details(self) -> str:
         return f"approximate={self.approximate!r}"
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not _is_compiling():
+            try:  # ours, when remembered as faster for this x (a bias of another dtype: None)
+                y = _RUN_BIAS_GELU(self, x, self._parameters["bias"], self.approximate)
+            except REFUSED:
+                y = None  # the path below names what was wrong
+            if y is not None:
+                return y
+        return super().forward(x)
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
         bias = self._parameters["bias"]  # (self.bias: ~0.4 us through nn.Module.__getattr__)
