@@ -342,6 +342,27 @@ def test_under_autocast_fp32_outputs_are_judged_at_half_precision() -> None:
     assert not record.choice and "why" not in record.entry
 
 
+def test_where_pytorch_rounds_and_ours_is_closer_to_float64_ours_stays_a_candidate() -> None:
+    """A bf16 SE block whose hardsigmoid gate inputs sit on its corner (3): PyTorch's bf16 FC
+    rounds them all onto it, so its weight gradients are zero, while ours (fp32 inside) gives the
+    float64 computation's. The outputs differ by PyTorch's rounding, not a broken kernel: no
+    notice, and both are timed."""
+    from fastops.nn import SqueezeExcite
+
+    torch.manual_seed(0)
+    m = SqueezeExcite(96, 24, act="relu", gate="hardsigmoid")
+    with torch.no_grad():
+        m.fc2.bias.fill_(3.0)
+        m.fc2.weight.mul_(0.05)
+    m = m.to(torch.bfloat16)
+    x = torch.randn(16, 96, 14, 14, dtype=torch.bfloat16, requires_grad=True)
+    with tuner.use_timer(FakeTimer(1.0, 2.0)), warnings.catch_warnings():
+        warnings.simplefilter("error", tuner.TuningNotice)
+        m(x)
+    (record,) = m.__dict__[policy.STATE_ATTR].records.values()
+    assert not record.choice and "why" not in record.entry
+
+
 def test_our_error_reaches_the_caller_and_nothing_is_cached() -> None:
     m = DepthwiseConv2d(4, 3, padding=1)
     with tuner.use_timer(FakeTimer(1.0, 2.0)), pytest.raises(ValueError, match=r"fastops\.depthwise_conv2d"):
