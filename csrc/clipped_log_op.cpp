@@ -1,6 +1,6 @@
-// clipped_log, the op: its schema and its Autograd kernel. The device kernels are in
-// cpu/clipped_log.cpp and cuda/clipped_log.cu; the fake kernel, the autocast rule and the backward
-// op's autograd (for double backward) in fastops/ops/clipped_log.py.
+// clipped_log, the op: its schema, its Autograd kernel and its autocast rule. The device kernels are
+// in cpu/clipped_log.cpp and cuda/clipped_log.cu; the fake kernel and the backward op's autograd (for
+// double backward) in fastops/ops/clipped_log.py.
 //
 // The Autograd kernel is C++ (a torch::autograd::Function) so that no Python runs on the way of a
 // call: registered from Python every call entered a Python kernel at the Autograd key (a 0-element
@@ -8,7 +8,11 @@
 // no gradient to record goes straight below autograd; one that records runs the Function, whose
 // backward calls the backward op below autograd too, or through autograd with create_graph (double
 // backward: the backward op's own autograd).
+//
+// Autocast: torch.log runs in float32 under autocast; so does its clipped twin (fastops/autocast.h).
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceType.h>
+#include <fastops/autocast.h>
 #include <fastops/autograd.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -64,3 +68,11 @@ at::Tensor clipped_log_autograd(const at::Tensor& x, double eps, bool straight_t
 }  // namespace fastops
 
 TORCH_LIBRARY_IMPL(fastops, Autograd, m) { m.impl("clipped_log", &fastops::clipped_log_autograd); }
+
+TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
+  m.impl("clipped_log", fastops::autocast::in_float32<c10::DeviceType::CPU>());
+}
+
+TORCH_LIBRARY_IMPL(fastops, AutocastCUDA, m) {
+  m.impl("clipped_log", fastops::autocast::in_float32<c10::DeviceType::CUDA>());
+}

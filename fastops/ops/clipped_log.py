@@ -89,6 +89,4 @@ def _double_backward(ctx, grad_grad_x: Tensor):
 torch.library.register_autograd(
     "fastops::clipped_log_backward", _double_backward, setup_context=_setup_backward_context
 )
-# torch.log runs in float32 under autocast; so does its clipped twin.
-for _device_type in ("cpu", "cuda"):
-    torch.library.register_autocast("fastops::clipped_log", _device_type, torch.float32)
+# Autocast: float32, as torch.log runs; registered in C++ (csrc/clipped_log_op.cpp).
