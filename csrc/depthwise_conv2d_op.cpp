@@ -1,14 +1,13 @@
 // depthwise_conv2d, the op: its schemas, its Autograd kernel and its autocast policy. The device
 // kernels are in cpu/depthwise_conv2d*.cpp and cuda/depthwise_conv2d.cu; the fake kernels in
 // fastops/ops/depthwise_conv2d.py. The backward ops have no autograd of their own (no double
-// backward).
+// backward: through them torch's fallback warns and passes no gradient).
 //
 // The Autograd kernel is C++ (a torch::autograd::Function) so that no Python runs on the way of a
 // call: registered from Python every call entered a Python kernel at the Autograd key (a 0-element
 // gelu cost 9.2 us against eager's 1.4, forward + backward 56 us against 20; torch 2.13). A call with
 // no gradient to record goes straight below autograd; one that records runs the Function, whose
-// backward calls the backward op below autograd too, or through autograd with create_graph (double
-// backward: the backward op's own autograd).
+// backward calls the backward ops below autograd too, or through autograd with create_graph.
 //
 // Autocast: the op runs in the autocast dtype, as conv2d does (fastops/autocast.h), a policy that
 // torch.library.register_autocast cannot state (it names one fixed dtype). The Autocast keys exist in
@@ -18,6 +17,7 @@
 #include <fastops/autocast.h>
 #include <fastops/autograd.h>
 #include <fastops/checks.h>
+#include <fastops/depthwise_ops.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -43,23 +43,6 @@ TORCH_LIBRARY_FRAGMENT(fastops, m) {
 namespace fastops {
 namespace {
 
-using DepthwiseSig = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
-                                at::IntArrayRef, at::IntArrayRef);
-using DepthwiseBackwardInputSig = at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, at::IntArrayRef,
-                                             at::IntArrayRef, at::IntArrayRef, bool);
-using DepthwiseBackwardWeightSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                      at::IntArrayRef, at::IntArrayRef, at::IntArrayRef,
-                                                                      at::IntArrayRef);
-
-// The ops this file calls through the dispatcher (so that each device's kernel runs), looked up once.
-struct Ops {
-  c10::TypedOperatorHandle<DepthwiseSig> depthwise = find_op<DepthwiseSig>("fastops::depthwise_conv2d");
-  c10::TypedOperatorHandle<DepthwiseBackwardInputSig> depthwise_backward_input =
-      find_op<DepthwiseBackwardInputSig>("fastops::depthwise_conv2d_backward_input");
-  c10::TypedOperatorHandle<DepthwiseBackwardWeightSig> depthwise_backward_weight =
-      find_op<DepthwiseBackwardWeightSig>("fastops::depthwise_conv2d_backward_weight");
-};
-
 class DepthwiseFunction : public torch::autograd::Function<DepthwiseFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -71,7 +54,7 @@ class DepthwiseFunction : public torch::autograd::Function<DepthwiseFunction> {
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
     ctx->saved_data["dilation"] = dilation;
-    return below_autograd(handles<Ops>().depthwise, x, weight, bias, stride, padding, dilation);
+    return below_autograd(handles<DepthwiseOps>().forward, x, weight, bias, stride, padding, dilation);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -83,12 +66,12 @@ class DepthwiseFunction : public torch::autograd::Function<DepthwiseFunction> {
     const std::vector<int64_t> dilation = ctx->saved_data["dilation"].toIntVector();
     at::Tensor grad_x, grad_w, grad_b;
     if (ctx->needs_input_grad(0)) {
-      grad_x = backward_call(handles<Ops>().depthwise_backward_input, grads[0], weight, x.sym_sizes(), stride, padding,
+      grad_x = backward_call(handles<DepthwiseOps>().backward_input, grads[0], weight, x.sym_sizes(), stride, padding,
                              dilation, ctx->saved_data["channels_last"].toBool());
     }
     if (ctx->needs_input_grad(1) || (has_bias && ctx->needs_input_grad(2))) {
       std::tie(grad_w, grad_b) =
-          backward_call(handles<Ops>().depthwise_backward_weight, grads[0], x,
+          backward_call(handles<DepthwiseOps>().backward_weight, grads[0], x,
                         at::IntArrayRef{weight.size(2), weight.size(3)}, stride, padding, dilation);
       if (!has_bias) grad_b = at::Tensor();
       // In the weight's own strides, as PyTorch's conv gives it (the gradient layout contract, which
@@ -106,7 +89,7 @@ at::Tensor depthwise_autograd(const at::Tensor& x, const at::Tensor& weight, con
                               at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
   const at::Tensor b = bias.has_value() ? *bias : at::Tensor();
   if (!records_grad({&x, &weight, &b})) {
-    return below_autograd(handles<Ops>().depthwise, x, weight, bias, stride, padding, dilation);
+    return below_autograd(handles<DepthwiseOps>().forward, x, weight, bias, stride, padding, dilation);
   }
   return DepthwiseFunction::apply(x, weight, bias, stride.vec(), padding.vec(), dilation.vec());
 }

@@ -1,7 +1,7 @@
 // The one TORCH_LIBRARY(fastops, m), holding _build_info, and the fastops._C Python module. Each op's
-// schemas, autograd and autocast live with it in csrc/<op>_op.cpp (a TORCH_LIBRARY_FRAGMENT); its
-// kernels register themselves per device in cpu/<op>.cpp and cuda/<op>.cu, and Python adds fake
-// kernels (and the rest of autograd and autocast, where an op has it there) in fastops/ops/<op>.py.
+// schemas, autograd (double backward included) and autocast live with it in csrc/<op>_op.cpp (a
+// TORCH_LIBRARY_FRAGMENT); its kernels register themselves per device in cpu/<op>.cpp and
+// cuda/<op>.cu, and Python adds only the fake kernels, in fastops/ops/<op>.py.
 #include <Python.h>
 #include <torch/library.h>
 

@@ -1,8 +1,11 @@
-// squeeze_excite, the op: the schemas of the block and of its memory passes, and the whole SE block
-// y = x * gate(fc2(act(fc1(mean_hw(x))))) as one op with its autograd in C++:
+// squeeze_excite, the op: the schemas of the block and of its memory passes, the autograd of each
+// pass (at the end of the file), and the whole SE block y = x * gate(fc2(act(fc1(mean_hw(x))))) as
+// one op with its autograd in C++:
 //   squeeze_excite           the block; its Autograd kernel (a torch::autograd::Function) calls
 //   squeeze_excite_forward   y and the (N, C) / (N, R) intermediates, and its backward calls
 //   squeeze_excite_backward  every gradient of the block.
+// The fake kernels are in fastops/ops/squeeze_excite.py; no autocast rule (the block runs in the
+// dtype of x, the FCs inside in float32).
 // Device-neutral: the four memory passes (cpu/squeeze_excite.cpp, cuda/squeeze_excite.cu) are reached
 // through the dispatcher, and the (N, C)-sized act and gate between them are ATen; the FCs are ATen
 // GEMMs except for a small float32 batch on the AVX-512 CPU build (cpu::se_fc_*).
@@ -17,6 +20,7 @@
 // for float64 x) whatever autocast says, and the block in the dtype of x (the final x * s). Numerics
 // are those of the composed form step for step (the same ATen kernels in the same order), but for
 // the summation order inside our FC kernels.
+#include <ATen/TensorOperators.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
@@ -33,6 +37,7 @@
 #include <ATen/ops/threshold_backward.h>
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <fastops/autograd.h>
 #include <fastops/op_handle.h>
 #include <fastops/squeeze_excite.h>
 #include <torch/autograd.h>
@@ -118,27 +123,27 @@ std::tuple<at::Tensor, at::Tensor> linear_backward(const at::Tensor& grad, const
   return {input_grad ? at::mm(grad, in_dtype(weight, dtype)) : at::Tensor(), at::mm(grad.t(), x)};
 }
 
-// The memory passes, through the dispatcher so each device's kernel runs.
-at::Tensor pool(const at::Tensor& x) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&)>("fastops::squeeze_excite_pool");
-  return op.call(x);
-}
+// The memory passes, through the dispatcher so each device's kernel runs; looked up once.
+using UnarySig = at::Tensor(const at::Tensor&);
+using BinarySig = at::Tensor(const at::Tensor&, const at::Tensor&);
+using TernarySig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+struct Passes {
+  c10::TypedOperatorHandle<UnarySig> pool = find_op<UnarySig>("fastops::squeeze_excite_pool");
+  c10::TypedOperatorHandle<BinarySig> scale = find_op<BinarySig>("fastops::squeeze_excite_scale");
+  c10::TypedOperatorHandle<BinarySig> reduce = find_op<BinarySig>("fastops::squeeze_excite_backward_reduce");
+  c10::TypedOperatorHandle<TernarySig> input = find_op<TernarySig>("fastops::squeeze_excite_backward_input");
+};
 
-at::Tensor scale_pass(const at::Tensor& x, const at::Tensor& scale) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fastops::squeeze_excite_scale");
-  return op.call(x, scale);
-}
+at::Tensor pool(const at::Tensor& x) { return handles<Passes>().pool.call(x); }
+
+at::Tensor scale_pass(const at::Tensor& x, const at::Tensor& scale) { return handles<Passes>().scale.call(x, scale); }
 
 at::Tensor reduce_pass(const at::Tensor& grad_out, const at::Tensor& x) {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fastops::squeeze_excite_backward_reduce");
-  return op.call(grad_out, x);
+  return handles<Passes>().reduce.call(grad_out, x);
 }
 
 at::Tensor input_pass(const at::Tensor& grad_out, const at::Tensor& scale, const at::Tensor& grad_pool) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(
-      "fastops::squeeze_excite_backward_input");
-  return op.call(grad_out, scale, grad_pool);
+  return handles<Passes>().input.call(grad_out, scale, grad_pool);
 }
 
 // The raw ops take the FC operands and the saved intermediates from any caller; they are checked here,
@@ -341,10 +346,103 @@ at::Tensor squeeze_excite_no_autograd(const at::Tensor& x, const at::Tensor& fc1
   return std::get<0>(forward_op(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate));
 }
 
+// ---- the autograd of each pass (opcheck; a user composing the passes) --------------------------------
+// pool(x) = sum_hw x / HW; scale(x, s) = x * s; reduce(g, x) = sum_hw g * x;
+// backward_input(g, s, dp) = g * s + dp / HW. Each gradient is again one of the four passes (or, for
+// the pool, a broadcast), called through autograd when the backward's graph is recorded, so the
+// passes are differentiable any number of times.
+
+class PoolFunction : public torch::autograd::Function<PoolFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
+    ctx->set_materialize_grads(false);
+    ctx->saved_data["x_sizes"] = x.sym_sizes();  // x itself is not needed
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    return below_autograd(handles<Passes>().pool, x);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor()};
+    const std::vector<c10::SymInt> sizes = ctx->saved_data["x_sizes"].toSymIntVector();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    return {grads[0].div(c10::Scalar(sizes[2] * sizes[3])).to(dtype).unsqueeze(2).unsqueeze(3).expand_symint(sizes)};
+  }
+};
+
+// scale, reduce and backward_input are linear in each input, and each input's gradient is one pass.
+enum class Pass { kScale, kReduce, kInput };
+
+template <Pass P>
+class PassFunction : public torch::autograd::Function<PassFunction<P>> {
+ public:
+  static constexpr size_t kInputs = P == Pass::kInput ? 3 : 2;
+
+  // The pass itself, below autograd.
+  static at::Tensor run(at::TensorList inputs) {
+    const Passes& ops = handles<Passes>();
+    if constexpr (P == Pass::kScale) return below_autograd(ops.scale, inputs[0], inputs[1]);
+    if constexpr (P == Pass::kReduce) return below_autograd(ops.reduce, inputs[0], inputs[1]);
+    if constexpr (P == Pass::kInput) return below_autograd(ops.input, inputs[0], inputs[1], inputs[2]);
+  }
+
+  static at::Tensor forward(AutogradContext* ctx, at::TensorList inputs) {
+    ctx->set_materialize_grads(false);
+    // backward_input's grad_pool enters alone and linearly: its own value is not needed.
+    ctx->save_for_backward(variable_list(inputs.begin(), inputs.begin() + 2));
+    return run(inputs);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(kInputs);  // one per input
+    if (!grads[0].defined()) return out;
+    const variable_list saved = ctx->get_saved_variables();
+    for (size_t i = 0; i < kInputs; ++i) {
+      if (ctx->needs_input_grad(i)) out[i] = gradient(i, grads[0], saved[0], saved[1]);
+    }
+    return out;
+  }
+
+ private:
+  // The gradient of input i, given the incoming gradient g and the first two inputs a, b.
+  static at::Tensor gradient(size_t i, const at::Tensor& g, const at::Tensor& a, const at::Tensor& b) {
+    const Passes& ops = handles<Passes>();
+    if constexpr (P == Pass::kScale) {  // y = x * s (a = x, b = s): g * s, sum_hw g * x
+      return i == 0 ? backward_call(ops.scale, g, b) : backward_call(ops.reduce, g, a);
+    }
+    if constexpr (P == Pass::kReduce) {  // ds = sum_hw g_out * x (a = g_out, b = x): x * g, g_out * g
+      return backward_call(ops.scale, i == 0 ? b : a, g);
+    }
+    if constexpr (P == Pass::kInput) {  // dx = g_out * s + dp / HW (a = g_out, b = s): g * s, sum_hw g * g_out, pool(g)
+      if (i == 2) return backward_call(ops.pool, g);
+      return i == 0 ? backward_call(ops.scale, g, b) : backward_call(ops.reduce, g, a);
+    }
+  }
+};
+
+at::Tensor pool_autograd(const at::Tensor& x) {
+  if (!records_grad({&x})) return below_autograd(handles<Passes>().pool, x);
+  return PoolFunction::apply(x);
+}
+
+// The Autograd kernel of scale, reduce (Inputs: two tensors) and backward_input (three).
+template <Pass P, typename... Inputs>
+at::Tensor pass_autograd(const Inputs&... inputs) {
+  static_assert(sizeof...(Inputs) == PassFunction<P>::kInputs, "one tensor per input of the pass");
+  if (!records_grad({&inputs...})) return PassFunction<P>::run(at::TensorList{inputs...});
+  return PassFunction<P>::apply(at::TensorList{inputs...});
+}
+
 }  // namespace
 }  // namespace fastops
 
-TORCH_LIBRARY_IMPL(fastops, Autograd, m) { m.impl("squeeze_excite", &fastops::squeeze_excite_autograd); }
+TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
+  m.impl("squeeze_excite", &fastops::squeeze_excite_autograd);
+  m.impl("squeeze_excite_pool", &fastops::pool_autograd);
+  m.impl("squeeze_excite_scale", &fastops::pass_autograd<fastops::Pass::kScale, at::Tensor, at::Tensor>);
+  m.impl("squeeze_excite_backward_reduce", &fastops::pass_autograd<fastops::Pass::kReduce, at::Tensor, at::Tensor>);
+  m.impl("squeeze_excite_backward_input",
+         &fastops::pass_autograd<fastops::Pass::kInput, at::Tensor, at::Tensor, at::Tensor>);
+}
 
 TORCH_LIBRARY_IMPL(fastops, CPU, m) {
   m.impl("squeeze_excite", &fastops::squeeze_excite_no_autograd);

@@ -141,3 +141,19 @@ def test_csrc_holds_no_file_of_several_ops() -> None:
     ops = set(_ops())
     top = {p.name for p in (PACKAGE.parent / "csrc").glob("*.cpp")}
     assert top == {f"{op}_op.cpp" for op in ops} | {"registration.cpp", "tuner.cpp"}
+
+
+def test_ops_register_their_autograd_and_autocast_in_csrc() -> None:
+    """An op's autograd (its backward op's too: the double backward) and its autocast rule sit with
+    its schemas in csrc/<op>_op.cpp; fastops/ops/<op>.py holds the public function and fake kernels."""
+    registering = {"register_autograd", "register_autocast"}
+    for op in _ops():
+        tree = ast.parse((PACKAGE / "ops" / f"{op}.py").read_text())
+        called = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+        }
+        assert not called & registering, (
+            f"fastops/ops/{op}.py calls {called & registering}: csrc/{op}_op.cpp registers it"
+        )

@@ -1,6 +1,6 @@
 """batch_norm: ``F.batch_norm`` over the channels (dim 1) as one statistics + normalisation kernel
 forward and one reduction + input-gradient kernel backward (csrc/cpu/batch_norm.cpp,
-csrc/cuda/batch_norm.cu). Its autograd is C++ (csrc/batch_norm_op.cpp)."""
+csrc/cuda/batch_norm.cu). Its autograd is C++ (csrc/batch_norm_op.cpp), first and second derivative."""
 
 from __future__ import annotations
 
@@ -192,73 +192,3 @@ def _batch_norm_backward_fake(
     layout = torch.channels_last if uses_channels_last(x) else torch.contiguous_format
     grad_x = torch.empty_like(x, memory_format=layout) if input_grad else x.new_empty((0,))
     return grad_x, x.new_empty((x.shape[1],), dtype=dtype), x.new_empty((x.shape[1],), dtype=dtype)
-
-
-# ---- double backward ------------------------------------------------------------------------------
-# The forward op's autograd is C++ (csrc/batch_norm_op.cpp); with create_graph it calls batch_norm_backward
-# through autograd, and this registration differentiates that backward (gradient penalties,
-# Hessian-vector products). Plain PyTorch math: second derivatives are rare enough that a kernel
-# would not pay for itself, and torch.func.vjp of the first-derivative formula cannot drift from it.
-
-
-def _backward_math(
-    grad_out: Tensor, x: Tensor, weight: Tensor | None, stats: tuple[Tensor, Tensor], training: bool
-) -> tuple[Tensor, Tensor, Tensor]:
-    """batch_norm_backward's (grad_x, grad_weight, grad_bias) in differentiable PyTorch ops, in the
-    compute dtype. In training the statistics are functions of x, and are recomputed from it so that
-    their derivatives count; eps is recovered as ``invstd**-2 - var`` (a constant), so the values
-    match the saved statistics (mean, invstd)."""
-    mean, invstd = stats
-    dtype = mean.dtype
-    dims = [0, *range(2, x.dim())]
-    view = [1, x.shape[1]] + [1] * (x.dim() - 2)
-    xc, go = x.to(dtype), grad_out.to(dtype)
-    if training:
-        mean = xc.mean(dims)
-        var = (xc - mean.view(view)).square().mean(dims)
-        eps = invstd.pow(-2) - var.detach()
-        invstd = (var + eps).rsqrt()
-    xhat = (xc - mean.view(view)) * invstd.view(view)
-    grad_bias = go.sum(dims)
-    grad_weight = (go * xhat).sum(dims)
-    scale = invstd if weight is None else invstd * weight.to(dtype)
-    if training:
-        n = x.numel() // x.shape[1]
-        go = go - (grad_bias.view(view) + xhat * grad_weight.view(view)) / n
-    return (go * scale.view(view)).to(x.dtype), grad_weight, grad_bias
-
-
-def _backward_setup_context(ctx, inputs, output) -> None:
-    grad_out, x, weight, mean, invstd, training, _ = inputs
-    ctx.save_for_backward(grad_out, x, weight, mean, invstd)
-    ctx.training = training
-
-
-def _batch_norm_double_backward(
-    ctx, grad_grad_x: Tensor | None, grad_grad_weight: Tensor | None, grad_grad_bias: Tensor | None
-):
-    grad_out, x, weight, mean, invstd = ctx.saved_tensors
-    primals = (grad_out, x) if weight is None else (grad_out, x, weight)
-    if x.numel() == 0:
-        grads: tuple[Tensor, ...] = tuple(torch.zeros_like(t) for t in primals)
-    else:
-
-        def backward(*differentiable: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-            w = differentiable[2] if weight is not None else None
-            return _backward_math(differentiable[0], differentiable[1], w, (mean, invstd), ctx.training)
-
-        # No has_aux: two values (the stubs also allow three).
-        outputs, vjp = torch.func.vjp(backward, *primals)  # type: ignore[misc]
-        # An output nobody differentiated (or grad_x, when input_grad=False) contributes nothing.
-        cotangents = tuple(
-            g if g is not None and g.shape == o.shape else torch.zeros_like(o)
-            for g, o in zip((grad_grad_x, grad_grad_weight, grad_grad_bias), outputs, strict=True)
-        )
-        grads = vjp(cotangents)
-    grad_weight = grads[2] if weight is not None else None
-    return grads[0], grads[1], grad_weight, None, None, None, None
-
-
-torch.library.register_autograd(
-    "fastops::batch_norm_backward", _batch_norm_double_backward, setup_context=_backward_setup_context
-)

@@ -63,32 +63,5 @@ def _clipped_log_backward_fake(grad_out: Tensor, x: Tensor, eps: float, straight
     return torch.empty_like(x)
 
 
-# The forward op's autograd is C++ (csrc/clipped_log_op.cpp: no Python on the way of a call); the backward
-# op's autograd (double backward) is here.
-
-
-def _setup_backward_context(ctx, inputs, output) -> None:
-    grad_out, x, eps, straight_through = inputs
-    ctx.save_for_backward(grad_out, x)
-    ctx.eps = eps
-    ctx.straight_through = straight_through
-
-
-def _double_backward(ctx, grad_grad_x: Tensor):
-    # grad_x = mask * g / c(x) with c(x) = clamp(x, eps); mask = 1 (straight-through) or x >= eps.
-    # d/dg = mask / c(x) (the backward op itself); d/dx = -g / c(x)^2 where x >= eps (c is flat below).
-    grad_out, x = ctx.saved_tensors
-    grad_grad_out = torch.ops.fastops.clipped_log_backward.default(
-        grad_grad_x, x, ctx.eps, ctx.straight_through
-    )
-    clamped = x.clamp(min=ctx.eps)
-    grad_x = torch.where(x >= ctx.eps, -grad_grad_x * grad_out / (clamped * clamped), 0.0)
-    return grad_grad_out, grad_x, None, None
-
-
-torch.library.register_autograd(
-    "fastops::clipped_log_backward", _double_backward, setup_context=_setup_backward_context
-)
-# torch.log runs in float32 under autocast; so does its clipped twin.
-for _device_type in ("cpu", "cuda"):
-    torch.library.register_autocast("fastops::clipped_log", _device_type, torch.float32)
+# Autograd is C++ (csrc/clipped_log_op.cpp): the op's first derivative and the backward op's own
+# (double backward); so is the autocast rule (float32, as torch.log).

@@ -127,54 +127,5 @@ def _fake(
     return x.new_empty((x.shape[0], pw_weight.shape[0], oh, ow)).contiguous(memory_format=torch.channels_last)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, dw_weight, dw_bias, pw_weight, pw_bias, stride, padding, dilation = inputs
-    ctx.save_for_backward(x, dw_weight, dw_bias, pw_weight)
-    ctx.has_dw_bias = dw_bias is not None
-    ctx.has_pw_bias = pw_bias is not None
-    ctx.args = (stride, padding, dilation)
-
-
-def _backward(ctx, grad_out: Tensor):
-    x, dw_weight, dw_bias, pw_weight = ctx.saved_tensors
-    stride, padding, dilation = ctx.args
-    need_x, need_dw, need_db, need_pw, need_pb = ctx.needs_input_grad[:5]
-    cout, c = pw_weight.shape[0], pw_weight.shape[1]
-    # (M, Cout) view of the channels_last gradient, M = N*OH*OW.
-    g = grad_out.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).reshape(-1, cout)
-    grad_pw = grad_pb = grad_x = grad_dw = grad_db = None
-    if need_pw:
-        # Recompute the depthwise output (not saved by the forward, which never stored it).
-        xl = x.contiguous(memory_format=torch.channels_last)
-        z = torch.ops.fastops.depthwise_conv2d.default(xl, dw_weight, dw_bias, stride, padding, dilation)
-        zm = z.permute(0, 2, 3, 1).reshape(-1, c)
-        grad_pw = (g.t() @ zm).reshape(cout, c, 1, 1)
-    if need_pb:
-        grad_pb = g.sum(0)
-    if need_x or need_dw or need_db:
-        n, _, oh, ow = grad_out.shape
-        # dL/dz as a channels_last (N, C, OH, OW) tensor.
-        gz = (g @ pw_weight.reshape(cout, c)).reshape(n, oh, ow, c).permute(0, 3, 1, 2)
-        if need_x:
-            grad_x = torch.ops.fastops.depthwise_conv2d_backward_input.default(
-                gz, dw_weight, list(x.shape), stride, padding, dilation, True
-            )
-        if need_dw or need_db:
-            grad_dw, grad_db = torch.ops.fastops.depthwise_conv2d_backward_weight.default(
-                gz,
-                x.contiguous(memory_format=torch.channels_last),
-                list(dw_weight.shape[2:]),
-                stride,
-                padding,
-                dilation,
-            )
-            if not ctx.has_dw_bias:
-                grad_db = None
-    return grad_x, grad_dw, grad_db, grad_pw, grad_pb, None, None, None
-
-
-torch.library.register_autograd(
-    "fastops::depthwise_separable_conv2d", _backward, setup_context=_setup_context
-)
-# Autocast (conv2d's policy: run in the autocast dtype) is registered in C++
+# Autograd and autocast (conv2d's policy: run in the autocast dtype) are C++
 # (csrc/depthwise_separable_conv2d_op.cpp).

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -16,10 +14,6 @@ from fastops.ops._validate import (
     check_tensor,
     under_torch_func,
 )
-
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_TANH_C = 0.044715
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _check_bias(op: str, x: Tensor, bias: Tensor) -> None:
@@ -140,71 +134,6 @@ def _bias_gelu_backward_fake(
     return x.new_empty(x.shape), torch.empty_like(bias)
 
 
-# ---- autograd -----------------------------------------------------------------------------------
-
-
-def _second_derivative(x: Tensor, approximate: str) -> Tensor:
-    """gelu''(x) in PyTorch math (used only by double backward).
-
-    erf:  gelu' = Phi + x phi,  gelu'' = phi * (2 - x^2).
-    tanh: s = sigmoid(2y), y = k (x + c x^3); gelu' = s + x s',  s' = 2 s (1-s) y';
-          gelu'' = 2 s' + x s'',  s'' = 2 s (1-s) (y'' + 2 (1 - 2s) y'^2).
-    """
-    if approximate == "none":
-        return torch.exp(-0.5 * x * x) * _INV_SQRT_2PI * (2.0 - x * x)
-    y = _SQRT_2_OVER_PI * (x + _TANH_C * x * x * x)
-    dy = _SQRT_2_OVER_PI * (1.0 + 3.0 * _TANH_C * x * x)
-    d2y = _SQRT_2_OVER_PI * 6.0 * _TANH_C * x
-    s = torch.sigmoid(2.0 * y)
-    s1ms = s * torch.sigmoid(-2.0 * y)  # s (1 - s) without cancellation
-    ds = 2.0 * s1ms * dy
-    d2s = 2.0 * s1ms * (d2y + 2.0 * (1.0 - 2.0 * s) * dy * dy)
-    return 2.0 * ds + x * d2s
-
-
-# The forward ops' autograd is C++ (csrc/gelu_op.cpp: no Python on the way of a call); the backward
-# ops' autograd (double backward) is here.
-
-
-def _gelu_backward_setup_context(ctx, inputs, output) -> None:
-    grad_out, x, approximate = inputs
-    ctx.save_for_backward(grad_out, x)
-    ctx.approximate = approximate
-
-
-def _gelu_double_backward(ctx, grad_grad_x: Tensor):
-    # grad_x = g * gelu'(x): d/dg = gelu'(x) (the backward op itself), d/dx = g * gelu''(x).
-    grad_out, x = ctx.saved_tensors
-    grad_grad_out = torch.ops.fastops.gelu_backward.default(grad_grad_x, x, ctx.approximate)
-    grad_x = grad_grad_x * grad_out * _second_derivative(x, ctx.approximate)
-    return grad_grad_out, grad_x, None
-
-
-def _bias_gelu_backward_setup_context(ctx, inputs, output) -> None:
-    grad_out, x, bias, approximate = inputs
-    ctx.save_for_backward(grad_out, x, bias)
-    ctx.approximate = approximate
-
-
-def _bias_gelu_double_backward(ctx, grad_grad_x: Tensor | None, grad_grad_bias: Tensor | None):
-    # Outputs: grad_x = g * gelu'(h), grad_bias = sum_rows(grad_x), h = x + bias. Both flow through
-    # grad_x, so the upstream gradient of grad_x is G = gg_x + gg_bias (broadcast over rows).
-    grad_out, x, bias = ctx.saved_tensors
-    upstream = torch.zeros_like(x) if grad_grad_x is None else grad_grad_x
-    if grad_grad_bias is not None:
-        upstream = upstream + grad_grad_bias
-    h = x + bias
-    grad_grad_out = torch.ops.fastops.gelu_backward.default(upstream.contiguous(), h, ctx.approximate)
-    grad_h = upstream * grad_out * _second_derivative(h, ctx.approximate)
-    grad_bias = grad_h.reshape(-1, x.shape[-1]).sum(0) if x.numel() else torch.zeros_like(bias)
-    return grad_grad_out, grad_h, grad_bias, None
-
-
-torch.library.register_autograd(
-    "fastops::gelu_backward", _gelu_double_backward, setup_context=_gelu_backward_setup_context
-)
-torch.library.register_autograd(
-    "fastops::bias_gelu_backward", _bias_gelu_double_backward, setup_context=_bias_gelu_backward_setup_context
-)
-# Autocast: none registered on purpose. Like aten::gelu, gelu and bias_gelu run in the dtype they
-# receive (custom ops fall through the autocast key).
+# Autograd is C++ (csrc/gelu_op.cpp): the ops' first derivative and the backward ops' own (double
+# backward, gelu''). Autocast: none registered on purpose. Like aten::gelu, gelu and bias_gelu run in
+# the dtype they receive (custom ops fall through the autocast key).

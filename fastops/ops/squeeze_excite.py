@@ -3,8 +3,9 @@ one write) are fused kernels; the tiny FCs between them are ATen GEMMs, or on an
 float32 batch of at most 16 our small-batch FC kernels (csrc/cpu/squeeze_excite.cpp).
 
 Four registered ops carry the passes (csrc/cpu/squeeze_excite.cpp, csrc/cuda/squeeze_excite.cu); each
-has a fake kernel and its own autograd, so each passes ``torch.library.opcheck`` alone. The block is
-one more op, ``squeeze_excite``, whose autograd is C++ (csrc/squeeze_excite_op.cpp): its backward
+has a fake kernel (here) and its own autograd (C++, csrc/squeeze_excite_op.cpp), so each passes
+``torch.library.opcheck`` alone. The block is one more op, ``squeeze_excite``, whose autograd is C++
+too (csrc/squeeze_excite_op.cpp): its backward
 is not the sum of the passes' backwards (eager's backward of ``x * s`` plus the pool's backward
 writes ``dx`` twice and adds; ours computes ``dx = g * s + dpool / HW`` in one pass), and on the small
 maps of MobileNetV3 a Python autograd node and a dozen Python-to-C++ steps cost as much as the
@@ -12,8 +13,6 @@ passes. Its forward and backward are the ops ``squeeze_excite_forward`` / ``sque
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -261,71 +260,5 @@ def _block_backward_fake(
     )
 
 
-# ---- autograd of each pass (opcheck; a user composing the passes) --------------------------------
-# pool(x) = sum_hw x / HW; scale(x, s) = x * s; reduce(g, x) = sum_hw g * x;
-# backward_input(g, s, dp) = g * s + dp / HW. Each gradient is again one of the four passes.
-
-
-def _pool_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    (x,) = inputs
-    ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
-
-
-def _pool_backward(ctx: Any, grad: Tensor) -> Tensor:
-    n, c, h, w = ctx.x_shape
-    return (grad / (h * w)).to(ctx.x_dtype)[:, :, None, None].expand(n, c, h, w)
-
-
-def _scale_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    x, scale = inputs
-    ctx.save_for_backward(x, scale)
-
-
-def _scale_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    x, scale = ctx.saved_tensors
-    grad_x = torch.ops.fastops.squeeze_excite_scale.default(grad, scale) if ctx.needs_input_grad[0] else None
-    grad_s = (
-        torch.ops.fastops.squeeze_excite_backward_reduce.default(grad, x) if ctx.needs_input_grad[1] else None
-    )
-    return grad_x, grad_s
-
-
-def _reduce_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    grad_out, x = inputs
-    ctx.save_for_backward(grad_out, x)
-
-
-def _reduce_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    grad_out, x = ctx.saved_tensors
-    scale = torch.ops.fastops.squeeze_excite_scale.default
-    return (
-        scale(x, grad) if ctx.needs_input_grad[0] else None,
-        scale(grad_out, grad) if ctx.needs_input_grad[1] else None,
-    )
-
-
-def _backward_input_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
-    grad_out, scale, _ = inputs
-    ctx.save_for_backward(grad_out, scale)
-
-
-def _backward_input_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-    grad_out, scale = ctx.saved_tensors
-    need = ctx.needs_input_grad
-    ops = torch.ops.fastops
-    return (
-        ops.squeeze_excite_scale.default(grad, scale) if need[0] else None,
-        ops.squeeze_excite_backward_reduce.default(grad, grad_out) if need[1] else None,
-        ops.squeeze_excite_pool.default(grad) if need[2] else None,
-    )
-
-
-torch.library.register_autograd("fastops::squeeze_excite_pool", _pool_backward, setup_context=_pool_setup)
-torch.library.register_autograd("fastops::squeeze_excite_scale", _scale_backward, setup_context=_scale_setup)
-torch.library.register_autograd(
-    "fastops::squeeze_excite_backward_reduce", _reduce_backward, setup_context=_reduce_setup
-)
-torch.library.register_autograd(
-    "fastops::squeeze_excite_backward_input", _backward_input_backward, setup_context=_backward_input_setup
-)
-# Autocast: none registered on purpose. The block runs in the dtype of x (the FCs inside in float32).
+# Autograd is C++ (csrc/squeeze_excite_op.cpp), the block's and each pass's. Autocast: none registered
+# on purpose. The block runs in the dtype of x (the FCs inside in float32).

@@ -13,7 +13,8 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
 }
 
 // A file's table of handles (a struct whose members are find_op calls), looked up on first use:
-// handles<Ops>().gelu. Each file's table is its own type, in an anonymous namespace.
+// handles<Ops>().gelu. Each file's table is its own type, in an anonymous namespace; a table two
+// files share lives in a header (depthwise_ops.h).
 template <typename Table>
 const Table& handles() {
   static const Table table;
