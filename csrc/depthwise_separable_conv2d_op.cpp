@@ -1,7 +1,7 @@
 // depthwise_separable_conv2d, the op: its schema, its Autograd kernel and its autocast policy (it runs
 // in the autocast dtype, as conv2d does: fastops/autocast.h). The CPU kernel is
-// cpu/depthwise_separable_conv2d.cpp (there is no CUDA kernel: on CUDA its module runs the unfused
-// pair); the fake kernel in fastops/ops/depthwise_separable_conv2d.py.
+// cpu/depthwise_separable_conv2d.cpp (there is no CUDA kernel: a CUDA call is refused below, by name;
+// on CUDA its module runs the unfused pair); the fake kernel in fastops/ops/depthwise_separable_conv2d.py.
 //
 // The autograd lives here, not with depthwise_conv2d: the op is not a composite of the two convs (its
 // forward is one fused kernel that never stores the depthwise output z), so its derivative is its own
@@ -10,10 +10,13 @@
 // through the dispatcher (each device's kernel, and their own autograd when the backward's graph is
 // recorded). Like the other ops' Autograd kernels it is C++ so that no Python runs on a call's way.
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/matmul.h>
 #include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
 #include <fastops/autocast.h>
 #include <fastops/autograd.h>
+#include <fastops/checks.h>
 #include <fastops/depthwise_ops.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -125,4 +128,24 @@ TORCH_LIBRARY_IMPL(fastops, Autograd, m) { m.impl("depthwise_separable_conv2d", 
 
 TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
   m.impl("depthwise_separable_conv2d", fastops::autocast::in_autocast_dtype<c10::DeviceType::CPU>());
+}
+
+namespace fastops {
+namespace {
+
+// Registered for CUDA in every build (a CPU-only build of fastops can run on a CUDA torch), so that a
+// CUDA call names the alternative instead of the dispatcher's "could not run ... with the CUDA backend".
+at::Tensor depthwise_separable_conv2d_cuda_refused(const at::Tensor& x, const at::Tensor&,
+                                                   const std::optional<at::Tensor>&, const at::Tensor&,
+                                                   const std::optional<at::Tensor>&, at::IntArrayRef, at::IntArrayRef,
+                                                   at::IntArrayRef) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "fastops.depthwise_separable_conv2d: only a CPU kernel exists (got x on ",
+                              str(x.device()), "); on CUDA use fastops.depthwise_conv2d followed by a 1x1 conv");
+}
+
+}  // namespace
+}  // namespace fastops
+
+TORCH_LIBRARY_IMPL(fastops, CUDA, m) {
+  m.impl("depthwise_separable_conv2d", &fastops::depthwise_separable_conv2d_cuda_refused);
 }

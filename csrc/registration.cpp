@@ -12,19 +12,25 @@
 
 namespace fastops {
 extern PyMethodDef python_methods[];  // csrc/tuner.cpp
+extern PyMethodDef error_methods[];   // csrc/errors.cpp
 }  // namespace fastops
 
 // fastops._C is imported as a Python module (the setup.py build as fastops._C, the JIT build under
-// its own name); every op is reached through torch.ops.fastops, and its only Python function is the
-// tuner's call key (csrc/tuner.cpp). The init function's name follows the extension's name so the
-// same source serves both builds.
+// its own name); every op is reached through torch.ops.fastops, and its only Python functions are the
+// tuner's call key (csrc/tuner.cpp) and the registration of the checks' error types (csrc/errors.cpp).
+// The init function's name follows the extension's name so the same source serves both builds.
 #define FASTOPS_CONCAT_(a, b) a##b
 #define FASTOPS_CONCAT(a, b) FASTOPS_CONCAT_(a, b)
 extern "C" PyObject* FASTOPS_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, FASTOPS_STRINGIFY(TORCH_EXTENSION_NAME),
                                    "fastops compiled kernels (reached through torch.ops.fastops)", -1,
                                    fastops::python_methods};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && PyModule_AddFunctions(module, fastops::error_methods) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
 
 namespace fastops {

@@ -85,15 +85,17 @@ SeAct parse_act(const char* op, std::string_view act) {
   if (act == "relu") return SeAct::kRelu;
   if (act == "silu") return SeAct::kSilu;
   if (act == "gelu") return SeAct::kGelu;
-  TORCH_CHECK(false, "fastops.", op, ": expected act to be one of ['relu', 'silu', 'gelu'], got '", std::string(act),
-              "'");
+  FASTOPS_CHECK_ARG(false, "fastops.", op, ": expected act to be one of ['relu', 'silu', 'gelu'], got '",
+                    std::string(act), "'");
+  return SeAct::kRelu;  // not reached
 }
 
 SeGate parse_gate(const char* op, std::string_view gate) {
   if (gate == "sigmoid") return SeGate::kSigmoid;
   if (gate == "hardsigmoid") return SeGate::kHardsigmoid;
-  TORCH_CHECK(false, "fastops.", op, ": expected gate to be one of ['sigmoid', 'hardsigmoid'], got '",
-              std::string(gate), "'");
+  FASTOPS_CHECK_ARG(false, "fastops.", op, ": expected gate to be one of ['sigmoid', 'hardsigmoid'], got '",
+                    std::string(gate), "'");
+  return SeGate::kSigmoid;  // not reached
 }
 
 // The block's steps run below the autograd keys and with autocast excluded (see the header).
@@ -150,46 +152,68 @@ at::Tensor input_pass(const at::Tensor& grad_out, const at::Tensor& scale, const
 // for every device and build, before ATen's GEMMs or our CPU FC kernels read them by these shapes.
 void check_fc_operand(const char* op, const char* arg, const at::Tensor& t, at::IntArrayRef shape,
                       const at::Tensor& x) {
+  FASTOPS_CHECK_DTYPE(t.is_floating_point(), "fastops.", op, ": expected ", arg, " to be a floating tensor, got ",
+                      str(t.scalar_type()));
   check_same_device(op, arg, t, "x", x);
-  TORCH_CHECK(t.is_floating_point(), "fastops.", op, ": expected ", arg, " to be a floating tensor, got ",
-              str(t.scalar_type()));
-  TORCH_CHECK(t.sizes() == shape, "fastops.", op, ": expected ", arg, " of shape ", str(shape), ", got ",
-              str(t.sizes()));
+  FASTOPS_CHECK_SHAPE(t.sizes() == shape, "fastops.", op, ": expected ", arg, " of shape ", str(shape), ", got ",
+                      str(t.sizes()));
 }
 
 // fc1_weight (R, C) and fc2_weight (C, R) for x's C; returns R.
 int64_t check_fc_weights(const char* op, const at::Tensor& x, const at::Tensor& fc1_weight,
                          const at::Tensor& fc2_weight) {
-  TORCH_CHECK(fc1_weight.dim() == 2, "fastops.", op,
-              ": expected fc1_weight to be 2-D (reduced_channels, C), got sizes ", str(fc1_weight.sizes()));
+  FASTOPS_CHECK_SHAPE(fc1_weight.dim() == 2, "fastops.", op,
+                      ": expected fc1_weight to be 2-D (reduced_channels, C) as nn.Linear's weight (flatten a 1x1 "
+                      "conv's weight), got shape ",
+                      str(fc1_weight.sizes()));
   const int64_t C = x.size(1), R = fc1_weight.size(0);
   check_fc_operand(op, "fc1_weight", fc1_weight, {R, C}, x);
   check_fc_operand(op, "fc2_weight", fc2_weight, {C, R}, x);
   return R;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_excite_forward(
-    const at::Tensor& x, const at::Tensor& fc1_weight, const std::optional<at::Tensor>& fc1_bias,
-    const at::Tensor& fc2_weight, const std::optional<at::Tensor>& fc2_bias, c10::string_view act_name,
-    c10::string_view gate_name) {
-  const char* op = "squeeze_excite_forward";
-  const SeAct act = parse_act(op, act_name);
-  const SeGate gate = parse_gate(op, gate_name);
+struct BlockForm {
+  SeAct act;
+  SeGate gate;
+};
+
+// Every check of the block's arguments, in the order of the Python function's old checks: x, the FC
+// weights and biases, then act and gate. `op` names the op the caller called (squeeze_excite or
+// squeeze_excite_forward).
+BlockForm check_block(const char* op, const at::Tensor& x, const at::Tensor& fc1_weight,
+                      const std::optional<at::Tensor>& fc1_bias, const at::Tensor& fc2_weight,
+                      const std::optional<at::Tensor>& fc2_bias, c10::string_view act, c10::string_view gate) {
   check_se_activation(op, "x", x);
   const int64_t R = check_fc_weights(op, x, fc1_weight, fc2_weight);
   if (fc1_bias.has_value() && fc1_bias->defined()) check_fc_operand(op, "fc1_bias", *fc1_bias, {R}, x);
   if (fc2_bias.has_value() && fc2_bias->defined()) check_fc_operand(op, "fc2_bias", *fc2_bias, {x.size(1)}, x);
+  return {parse_act(op, act), parse_gate(op, gate)};
+}
+
+// The block's forward after its checks (squeeze_excite_forward, and squeeze_excite below autograd).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> block_forward(
+    const char* op, const at::Tensor& x, const at::Tensor& fc1_weight, const std::optional<at::Tensor>& fc1_bias,
+    const at::Tensor& fc2_weight, const std::optional<at::Tensor>& fc2_bias, c10::string_view act_name,
+    c10::string_view gate_name) {
+  const BlockForm form = check_block(op, x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act_name, gate_name);
   BlockGuard guard;
   const at::ScalarType dtype = se_opmath_dtype(x);
   at::Tensor pooled = pool(x);
   at::Tensor hidden = linear(pooled, fc1_weight, fc1_bias, dtype);
-  at::Tensor activated = act == SeAct::kRelu   ? at::relu(hidden)
-                         : act == SeAct::kSilu ? at::silu(hidden)
-                                               : at::gelu(hidden);
+  at::Tensor activated = form.act == SeAct::kRelu   ? at::relu(hidden)
+                         : form.act == SeAct::kSilu ? at::silu(hidden)
+                                                    : at::gelu(hidden);
   at::Tensor pre_gate = linear(activated, fc2_weight, fc2_bias, dtype);
-  at::Tensor scale = gate == SeGate::kSigmoid ? at::sigmoid(pre_gate) : at::hardsigmoid(pre_gate);
+  at::Tensor scale = form.gate == SeGate::kSigmoid ? at::sigmoid(pre_gate) : at::hardsigmoid(pre_gate);
   at::Tensor y = scale_pass(x, scale);
   return {y, pooled, hidden, activated, pre_gate, scale};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_excite_forward(
+    const at::Tensor& x, const at::Tensor& fc1_weight, const std::optional<at::Tensor>& fc1_bias,
+    const at::Tensor& fc2_weight, const std::optional<at::Tensor>& fc2_bias, c10::string_view act,
+    c10::string_view gate) {
+  return block_forward("squeeze_excite_forward", x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate);
 }
 
 // Every gradient of the block; grad_x only with input_grad (else an empty tensor), since it is the
@@ -209,9 +233,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> squeeze_e
   check_se_per_channel(op, "scale", scale, "x", x);
   for (const auto& [arg, t] : {std::pair<const char*, const at::Tensor&>{"hidden", hidden}, {"activated", activated}}) {
     check_fc_operand(op, arg, t, {x.size(0), R}, x);
-    TORCH_CHECK(t.scalar_type() == se_opmath_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
-                str(se_opmath_dtype(x)), " (the compute dtype of x's ", str(x.scalar_type()), "), got ",
-                str(t.scalar_type()));
+    FASTOPS_CHECK_DTYPE(t.scalar_type() == se_opmath_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
+                        str(se_opmath_dtype(x)), " (the compute dtype of x's ", str(x.scalar_type()), "), got ",
+                        str(t.scalar_type()));
   }
   BlockGuard guard;
   const at::ScalarType dtype = se_opmath_dtype(x);
@@ -335,6 +359,14 @@ at::Tensor squeeze_excite_autograd(const at::Tensor& x, const at::Tensor& fc1_we
                                    const std::optional<at::Tensor>& fc1_bias, const at::Tensor& fc2_weight,
                                    const std::optional<at::Tensor>& fc2_bias, c10::string_view act,
                                    c10::string_view gate) {
+  // Checked here, by the name the caller used, before the Function saves anything (its forward calls
+  // squeeze_excite_forward, which checks again under its own name: a few comparisons). Not for the
+  // tensors of torch.compile's tracing (fake and functional tensors, the Python key): their sizes may
+  // be symbolic, and an error raised while tracing reaches the user as dynamo's TorchRuntimeError;
+  // the compiled graph's own call raises the typed error instead.
+  if (!x.key_set().has(c10::DispatchKey::Python)) {
+    check_block("squeeze_excite", x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate);
+  }
   return SqueezeExciteFunction::apply(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate);
 }
 
@@ -343,7 +375,7 @@ at::Tensor squeeze_excite_no_autograd(const at::Tensor& x, const at::Tensor& fc1
                                       const std::optional<at::Tensor>& fc1_bias, const at::Tensor& fc2_weight,
                                       const std::optional<at::Tensor>& fc2_bias, c10::string_view act,
                                       c10::string_view gate) {
-  return std::get<0>(forward_op(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate));
+  return std::get<0>(block_forward("squeeze_excite", x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate));
 }
 
 // ---- the autograd of each pass (opcheck; a user composing the passes) --------------------------------

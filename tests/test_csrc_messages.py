@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
-CHECK = re.compile(r"\b(TORCH_CHECK\w*|TORCH_INTERNAL_ASSERT)\s*\(")
+# TORCH_CHECK and our typed checks (fastops/checks.h: FASTOPS_CHECK_SHAPE, _DTYPE, _ARG), which take
+# their message pieces the same way.
+CHECK = re.compile(r"\b(TORCH_CHECK\w*|TORCH_INTERNAL_ASSERT|FASTOPS_CHECK\w*)\s*\(")
 # What a message piece may be: string literals, fastops::str / std::string / c10::toString calls,
 # a choice between literals, or one of the const char* parameters our checks pass around.
 LITERALS = r'(?:"(?:[^"\\]|\\.)*"\s*)+'
@@ -53,6 +55,8 @@ def _call_args(src: str, start: int) -> tuple[list[str], int]:
 def _unsafe_pieces(src: str) -> list[tuple[int, str]]:
     found = []
     for m in CHECK.finditer(src):
+        if src[src.rfind("\n", 0, m.start()) + 1 : m.start()].lstrip().startswith("#define"):
+            continue  # a check's own definition, not a call
         args, _ = _call_args(src, m.end())
         line = src.count("\n", 0, m.start()) + 1
         found += [(line, a) for a in args[1:] if not SAFE.fullmatch(a)]
@@ -78,3 +82,7 @@ def test_the_scan_sees_a_streamed_number() -> None:
     good = 'TORCH_CHECK(a < b, "fastops.op: params[", str(static_cast<int64_t>(i)), "] of ", op, cpu ? " (x)" : "");'
     assert [piece for _, piece in _unsafe_pieces(bad)] == ["i", "std::min(i, j)"]
     assert _unsafe_pieces(good) == []
+    typed = 'FASTOPS_CHECK_SHAPE(x.dim() == 4, "fastops.", op, ": got ", x.dim());'
+    assert [piece for _, piece in _unsafe_pieces(typed)] == ["x.dim()"]
+    definition = "#define FASTOPS_CHECK_ARG(cond, ...) \\\n  do { } while (false)"
+    assert _unsafe_pieces(definition) == []

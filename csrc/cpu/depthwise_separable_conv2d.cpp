@@ -12,7 +12,8 @@
 // pointwise weight with a register-blocked micro-GEMM (up to 8 pixels x up to 4 vectors of output
 // channels, broadcast-FMA over c; weight pre-transposed to (C, Cout_p) in fp32/fp64) into a
 // P x Cout tile that is written once to y. The depthwise intermediate z never goes to memory.
-// There is no CUDA kernel (the Python face says so; the module runs the unfused pair on CUDA).
+// There is no CUDA kernel (a CUDA call is refused by name: csrc/depthwise_separable_conv2d_op.cpp;
+// the module runs the unfused pair on CUDA).
 //
 // Bytes per call: reads x (N*H*W*C) and writes y (N*OH*OW*Cout); the unfused pair additionally
 // writes and reads z (2 * N*OH*OW*C * itemsize). FLOPs: 2*N*OH*OW*C*(kh*kw + Cout).
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fastops::cpu {
@@ -106,30 +108,41 @@ void pointwise_tile(A* out, const A* tile, int64_t np, const A* wt, int64_t C, i
   }
 }
 
+// Shapes, then devices, then dtypes (the fake kernel in fastops/ops/depthwise_separable_conv2d.py checks
+// the shapes alike). Under autocast the autocast kernel has cast the tensors already.
 void check_inputs(const at::Tensor& x, const at::Tensor& dw_weight, const std::optional<at::Tensor>& dw_bias,
                   const at::Tensor& pw_weight, const std::optional<at::Tensor>& pw_bias) {
-  check_floating(kOp, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_separable_conv2d: expected x to be 4-D (N, C, H, W), got sizes ",
-              str(x.sizes()));
+  const char* op = kOp;
+  FASTOPS_CHECK_SHAPE(x.dim() == 4, "fastops.", op, ": expected x to be 4-D (N, C, H, W), got shape ",
+                      str(as_tuple(x.sizes())));
   const int64_t C = x.size(1);
-  check_same_device(kOp, "dw_weight", dw_weight, "x", x);
-  check_same_dtype(kOp, "dw_weight", dw_weight, "x", x);
-  check_depthwise_weight(kOp, dw_weight, C);
-  check_same_device(kOp, "pw_weight", pw_weight, "x", x);
-  check_same_dtype(kOp, "pw_weight", pw_weight, "x", x);
-  TORCH_CHECK(pw_weight.dim() == 4 && pw_weight.size(1) == C && pw_weight.size(2) == 1 && pw_weight.size(3) == 1,
-              "fastops.depthwise_separable_conv2d: expected pw_weight of shape (Cout, ", str(C), ", 1, 1), got ",
-              str(pw_weight.sizes()));
-  const int64_t Cout = pw_weight.size(0);
-  auto check_bias = [&](const char* arg, const std::optional<at::Tensor>& b, int64_t n) {
-    if (!b.has_value() || !b->defined()) return;
-    check_same_device(kOp, arg, *b, "x", x);
-    check_same_dtype(kOp, arg, *b, "x", x);
-    TORCH_CHECK(b->dim() == 1 && b->size(0) == n, "fastops.depthwise_separable_conv2d: expected ", arg, " of shape (",
-                str(n), ",), got ", str(b->sizes()));
+  FASTOPS_CHECK_SHAPE(dw_weight.dim() == 4 && dw_weight.size(1) == 1 && dw_weight.size(0) == C, "fastops.", op,
+                      ": expected dw_weight of shape (", str(C), ", 1, kh, kw) (channel multiplier 1), got ",
+                      str(as_tuple(dw_weight.sizes())));
+  FASTOPS_CHECK_SHAPE(dw_weight.size(2) >= 1 && dw_weight.size(3) >= 1, "fastops.", op,
+                      ": expected a kernel of at least 1 x 1, got dw_weight of shape ",
+                      str(as_tuple(dw_weight.sizes())));
+  FASTOPS_CHECK_SHAPE(
+      pw_weight.dim() == 4 && pw_weight.size(1) == C && pw_weight.size(2) == 1 && pw_weight.size(3) == 1, "fastops.",
+      op, ": expected pw_weight of shape (Cout, ", str(C), ", 1, 1), got ", str(as_tuple(pw_weight.sizes())));
+  const at::Tensor none;
+  const at::Tensor& db = dw_bias.has_value() ? *dw_bias : none;
+  const at::Tensor& pb = pw_bias.has_value() ? *pw_bias : none;
+  const auto check_bias_shape = [&](const char* arg, const at::Tensor& b, int64_t n) {
+    FASTOPS_CHECK_SHAPE(!b.defined() || (b.dim() == 1 && b.size(0) == n), "fastops.", op, ": expected ", arg,
+                        " of shape (", str(n), ",), got ", str(as_tuple(b.sizes())));
   };
-  check_bias("dw_bias", dw_bias, C);
-  check_bias("pw_bias", pw_bias, Cout);
+  check_bias_shape("dw_bias", db, C);
+  check_bias_shape("pw_bias", pb, pw_weight.size(0));
+  const std::pair<const char*, const at::Tensor*> others[] = {
+      {"dw_weight", &dw_weight}, {"dw_bias", &db}, {"pw_weight", &pw_weight}, {"pw_bias", &pb}};
+  for (const auto& [arg, t] : others) {
+    if (t->defined()) check_same_device(op, arg, *t, "x", x);
+  }
+  check_floating(op, "x", x);
+  for (const auto& [arg, t] : others) {
+    if (t->defined()) check_same_dtype(op, arg, *t, "x", x);
+  }
 }
 
 template <typename T>

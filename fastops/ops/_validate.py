@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from fastops import _extension
+
 FLOATING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -24,6 +26,18 @@ class ShapeError(ValueError, RuntimeError):
 class DtypeError(TypeError, NotImplementedError):
     """An input of a dtype the op does not take (a TypeError and, as in PyTorch, a
     NotImplementedError, which is a RuntimeError)."""
+
+
+class ArgumentError(ValueError, RuntimeError):
+    """An argument value the op does not take: an eps that is not a finite number > 0, an unknown
+    approximate, too few values per channel to train on (a ValueError, as the Python functions
+    raised it, and a RuntimeError, as a direct ``torch.ops.fastops`` call raised it)."""
+
+
+# The C++ checks raise these (csrc/errors.cpp), once registered.
+_library = _extension.load().module
+assert _library is not None, "fastops._extension.load() returns the library it loaded"
+_library._register_error_types(ShapeError, DtypeError, ArgumentError)
 
 
 def autocast_will_cast(x: object) -> bool:

@@ -369,13 +369,13 @@ def test_kernels_check_what_the_python_face_checks() -> None:
         ops.batch_norm(x, None, None, None, None, False, 1e-5)
     with pytest.raises(RuntimeError, match=r"fastops\.batch_norm: expected more than 1 value per channel"):
         ops.batch_norm(torch.ones(1, 3), None, None, None, None, True, 1e-5)
-    with pytest.raises(RuntimeError, match=r"fastops\.batch_norm: eps=.* does not fit float32"):
+    with pytest.raises(RuntimeError, match=r"fastops\.batch_norm: eps=.* does not fit torch\.float32"):
         ops.batch_norm(x, None, None, None, None, True, 1e39)
     stat = torch.ones(3)
     with pytest.raises(RuntimeError, match=r"batch_norm_backward: expected grad_out to have the shape of x"):
         ops.batch_norm_backward(torch.ones(4, 3, 5, 4), x, None, stat, stat, True, True)
     with pytest.raises(
-        RuntimeError, match=r"batch_norm_backward: expected mean to be a Float tensor of shape \[3\]"
+        RuntimeError, match=r"batch_norm_backward: expected mean to be a torch\.float32 tensor of shape \[3\]"
     ):
         ops.batch_norm_backward(x, x, None, torch.ones(3, dtype=torch.float64), stat, True, True)
 

@@ -171,9 +171,11 @@ def test_rejects_eps_outside_the_compute_type(dtype: torch.dtype, eps: float) ->
     with FakeTensorMode() as mode, pytest.raises(ValueError, match=r"eps=.* does not fit torch\.float32"):
         torch.ops.fastops.clipped_log(mode.from_tensor(x), eps, True)  # the fake kernel: same validator
     # A direct call reaches the C++ kernels, which check the same range (not only the Python face).
-    with pytest.raises(RuntimeError, match=r"fastops\.clipped_log: eps=.* does not fit float32"):
+    with pytest.raises(RuntimeError, match=r"fastops\.clipped_log: eps=.* does not fit torch\.float32"):
         torch.ops.fastops.clipped_log.default(x, eps, True)
-    with pytest.raises(RuntimeError, match=r"fastops\.clipped_log_backward: eps=.* does not fit float32"):
+    with pytest.raises(
+        RuntimeError, match=r"fastops\.clipped_log_backward: eps=.* does not fit torch\.float32"
+    ):
         torch.ops.fastops.clipped_log_backward.default(torch.ones_like(x), x, eps, False)
     x64 = torch.rand(5, dtype=torch.float64)
     torch.testing.assert_close(fastops.clipped_log(x64, eps), torch.log(torch.clamp(x64, min=eps)))

@@ -271,7 +271,7 @@ def test_raw_ops_reject_fc_operands_that_do_not_fit() -> None:
         ops.squeeze_excite_backward(
             g, x, w1, w2, pooled, hidden, activated[:, :-1], pre_gate, scale, "relu", "sigmoid", True
         )
-    with pytest.raises(RuntimeError, match=f"{bwd} hidden to be Float"):
+    with pytest.raises(RuntimeError, match=f"{bwd} hidden to be torch.float32"):
         ops.squeeze_excite_backward(
             g, x, w1, w2, pooled, hidden.double(), activated, pre_gate, scale, "relu", "sigmoid", True
         )
@@ -408,7 +408,7 @@ def test_bad_input_errors_name_the_op_and_argument(change, error, words) -> None
 def test_kernel_errors_name_the_op_and_argument() -> None:
     ops = torch.ops.fastops
     x = torch.randn(2, 3, 4, 5)
-    with pytest.raises(RuntimeError, match="squeeze_excite_scale: expected scale to be Float"):
+    with pytest.raises(RuntimeError, match=r"squeeze_excite_scale: expected scale to be torch\.float32"):
         ops.squeeze_excite_scale(x, torch.rand(2, 3, dtype=torch.float64))
     with pytest.raises(RuntimeError, match=r"squeeze_excite_scale: expected scale of shape \[2, 3\]"):
         ops.squeeze_excite_scale(x, torch.rand(2, 4))

@@ -32,11 +32,14 @@ struct Hyper {
 // checkpoint can change a group after construction). h.lr is the float lr or the value of an lr
 // tensor in host memory; an lr tensor on the device is not read here (that would be a host sync).
 inline void check_hyper(const Hyper& h) {
-  TORCH_CHECK(h.lr >= 0.0, "fastops.fused_adam_: expected lr >= 0, got ", str(h.lr));
-  TORCH_CHECK(h.beta1 >= 0.0 && h.beta1 < 1.0, "fastops.fused_adam_: expected beta1 in [0, 1), got ", str(h.beta1));
-  TORCH_CHECK(h.beta2 >= 0.0 && h.beta2 < 1.0, "fastops.fused_adam_: expected beta2 in [0, 1), got ", str(h.beta2));
-  TORCH_CHECK(h.eps >= 0.0, "fastops.fused_adam_: expected eps >= 0, got ", str(h.eps));
-  TORCH_CHECK(h.weight_decay >= 0.0, "fastops.fused_adam_: expected weight_decay >= 0, got ", str(h.weight_decay));
+  FASTOPS_CHECK_ARG(h.lr >= 0.0, "fastops.fused_adam_: expected lr >= 0, got ", str(h.lr));
+  FASTOPS_CHECK_ARG(h.beta1 >= 0.0 && h.beta1 < 1.0, "fastops.fused_adam_: expected beta1 in [0, 1), got ",
+                    str(h.beta1));
+  FASTOPS_CHECK_ARG(h.beta2 >= 0.0 && h.beta2 < 1.0, "fastops.fused_adam_: expected beta2 in [0, 1), got ",
+                    str(h.beta2));
+  FASTOPS_CHECK_ARG(h.eps >= 0.0, "fastops.fused_adam_: expected eps >= 0, got ", str(h.eps));
+  FASTOPS_CHECK_ARG(h.weight_decay >= 0.0, "fastops.fused_adam_: expected weight_decay >= 0, got ",
+                    str(h.weight_decay));
 }
 
 // The value of a 1-element floating tensor in host memory (a CPU lr, grad_scale or found_inf): a plain

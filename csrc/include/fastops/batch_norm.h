@@ -30,8 +30,8 @@ inline at::ScalarType bn_compute_dtype(const at::Tensor& x) {
 
 inline void check_bn_input(const char* op, const char* arg, const at::Tensor& x) {
   check_floating(op, arg, x);
-  TORCH_CHECK(x.dim() >= 2 && x.size(1) > 0, "fastops.", op, ": expected ", arg,
-              " to have at least 2 dims (N, C, ...) and at least one channel, got sizes ", str(x.sizes()));
+  FASTOPS_CHECK_SHAPE(x.dim() >= 2 && x.size(1) > 0, "fastops.", op, ": expected ", arg,
+                      " to have at least 2 dims (N, C, ...) and at least one channel, got shape ", str(x.sizes()));
 }
 
 // weight, bias, running_mean, running_var: (C,) on x's device, in x's dtype or the compute dtype.
@@ -43,21 +43,26 @@ inline void check_bn_per_channel(const char* op, const char* arg, const std::opt
   const std::string allowed = x.scalar_type() == bn_compute_dtype(x)
                                   ? str(x.scalar_type())
                                   : str(x.scalar_type()) + " or " + str(bn_compute_dtype(x));
-  TORCH_CHECK(dtype == x.scalar_type() || dtype == bn_compute_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
-              std::string(allowed), " (x is ", str(x.scalar_type()), "), got ", str(dtype));
-  TORCH_CHECK(t->dim() == 1 && t->size(0) == x.size(1), "fastops.", op, ": expected ", arg, " of shape [",
-              str(x.size(1)), "] (one value per channel of x), got ", str(t->sizes()));
+  FASTOPS_CHECK_DTYPE(dtype == x.scalar_type() || dtype == bn_compute_dtype(x), "fastops.", op, ": expected ", arg,
+                      " to be ", std::string(allowed), " (x is ", str(x.scalar_type()), "), got ", str(dtype));
+  FASTOPS_CHECK_SHAPE(t->dim() == 1 && t->size(0) == x.size(1), "fastops.", op, ": expected ", arg, " of shape [",
+                      str(x.size(1)), "] (one value per channel of x), got ", str(t->sizes()));
 }
 
 // mean and invstd of the backward: (C,) in the compute dtype, as the forward returned them.
 inline void check_bn_statistic(const char* op, const char* arg, const at::Tensor& t, const at::Tensor& x) {
   check_same_device(op, arg, t, "x", x);
-  TORCH_CHECK(t.scalar_type() == bn_compute_dtype(x) && t.dim() == 1 && t.size(0) == x.size(1), "fastops.", op,
-              ": expected ", arg, " to be a ", str(bn_compute_dtype(x)), " tensor of shape [", str(x.size(1)),
-              "] (as batch_norm returns it), got ", str(t.scalar_type()), " of shape ", str(t.sizes()));
+  const bool dtype_ok = t.scalar_type() == bn_compute_dtype(x);
+  const bool shape_ok = t.dim() == 1 && t.size(0) == x.size(1);
+  if (C10_UNLIKELY(!dtype_ok || !shape_ok)) {
+    const std::string message = c10::str("fastops.", op, ": expected ", arg, " to be a ", str(bn_compute_dtype(x)),
+                                         " tensor of shape [", str(x.size(1)), "] (as batch_norm returns it), got ",
+                                         str(t.scalar_type()), " of shape ", str(t.sizes()));
+    throw_error(dtype_ok ? ErrorType::kShape : ErrorType::kDtype, message);
+  }
 }
 
-// Every check of the forward op.
+// Every check of the forward op, in the order the Python function made them.
 inline void check_bn_forward(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& weight,
                              const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& running_mean,
                              const std::optional<at::Tensor>& running_var, bool training, double eps) {
@@ -67,14 +72,18 @@ inline void check_bn_forward(const char* op, const at::Tensor& x, const std::opt
   check_bn_per_channel(op, "running_mean", running_mean, x);
   check_bn_per_channel(op, "running_var", running_var, x);
   check_positive_fits_compute_type(op, "eps", eps, x);
+  const bool has_mean = running_mean.has_value() && running_mean->defined();
+  const bool has_var = running_var.has_value() && running_var->defined();
+  // As F.batch_norm: one statistic without the other would be updated alone.
+  FASTOPS_CHECK_ARG(has_mean == has_var, "fastops.", op, ": expected running_mean and running_var both or neither, ",
+                    "got only ", has_mean ? "running_mean" : "running_var");
   if (training) {
     // The unbiased variance (for the running statistics) divides by count - 1.
-    TORCH_CHECK(x.numel() == 0 || x.numel() / x.size(1) > 1, "fastops.", op,
-                ": expected more than 1 value per channel when training, got x of sizes ", str(x.sizes()));
+    FASTOPS_CHECK_ARG(x.numel() == 0 || x.numel() / x.size(1) > 1, "fastops.", op,
+                      ": expected more than 1 value per channel when training, got x of shape ", str(x.sizes()));
   } else {
-    TORCH_CHECK(
-        running_mean.has_value() && running_mean->defined() && running_var.has_value() && running_var->defined(),
-        "fastops.", op, ": expected running_mean and running_var when training=False (eval mode)");
+    FASTOPS_CHECK_ARG(has_mean && has_var, "fastops.", op,
+                      ": expected running_mean and running_var when training=False (eval mode)");
   }
 }
 

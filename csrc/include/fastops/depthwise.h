@@ -24,26 +24,28 @@ struct DepthwiseGeometry {
   int64_t taps() const { return KH * KW; }
 };
 
+// The hyper-parameters as the op takes them (the Python function parses ints, pairs and "same" into
+// these lists; a direct torch.ops call is checked here).
 inline void check_depthwise_args(const char* op, at::IntArrayRef stride, at::IntArrayRef padding,
                                  at::IntArrayRef dilation) {
-  TORCH_CHECK(stride.size() == 2 && stride[0] >= 1 && stride[1] >= 1, "fastops.", op,
-              ": expected stride to be 2 integers >= 1, got ", str(stride));
-  TORCH_CHECK(dilation.size() == 2 && dilation[0] >= 1 && dilation[1] >= 1, "fastops.", op,
-              ": expected dilation to be 2 integers >= 1, got ", str(dilation));
-  TORCH_CHECK(padding.size() == 4 && padding[0] >= 0 && padding[1] >= 0 && padding[2] >= 0 && padding[3] >= 0,
-              "fastops.", op, ": expected padding to be 4 integers >= 0 (top, bottom, left, right), got ",
-              str(padding));
+  FASTOPS_CHECK_ARG(stride.size() == 2 && stride[0] >= 1 && stride[1] >= 1, "fastops.", op,
+                    ": expected stride to be 2 integers >= 1, got ", str(stride));
+  FASTOPS_CHECK_ARG(dilation.size() == 2 && dilation[0] >= 1 && dilation[1] >= 1, "fastops.", op,
+                    ": expected dilation to be 2 integers >= 1, got ", str(dilation));
+  FASTOPS_CHECK_ARG(padding.size() == 4 && padding[0] >= 0 && padding[1] >= 0 && padding[2] >= 0 && padding[3] >= 0,
+                    "fastops.", op, ": expected padding to be 4 integers >= 0 (top, bottom, left, right), got ",
+                    str(padding));
 }
 
 // Geometry from the input's (N, C, H, W), the kernel's (kh, kw) and the arguments; checks that the
-// padded input holds at least one window, as F.conv2d does.
+// padded input holds at least one window, as F.conv2d does (a RuntimeError, as F.conv2d raises it).
 inline DepthwiseGeometry make_depthwise_geometry(const char* op, at::IntArrayRef input_size, int64_t kh, int64_t kw,
                                                  at::IntArrayRef stride, at::IntArrayRef padding,
                                                  at::IntArrayRef dilation) {
+  FASTOPS_CHECK_SHAPE(input_size.size() == 4, "fastops.", op, ": expected a 4-D input (N, C, H, W), got sizes ",
+                      str(input_size));
+  FASTOPS_CHECK_SHAPE(kh >= 1 && kw >= 1, "fastops.", op, ": expected a kernel of at least 1 x 1");
   check_depthwise_args(op, stride, padding, dilation);
-  TORCH_CHECK(input_size.size() == 4, "fastops.", op, ": expected a 4-D input (N, C, H, W), got sizes ",
-              str(input_size));
-  TORCH_CHECK(kh >= 1 && kw >= 1, "fastops.", op, ": expected a kernel of at least 1x1");
   DepthwiseGeometry g{};
   g.N = input_size[0];
   g.C = input_size[1];
@@ -68,35 +70,44 @@ inline DepthwiseGeometry make_depthwise_geometry(const char* op, at::IntArrayRef
   return g;
 }
 
+// A depthwise weight (C, 1, kh, kw) for `channels` channels, kh and kw >= 1 (the fake kernel in
+// fastops/ops/depthwise_conv2d.py checks the same).
 inline void check_depthwise_weight(const char* op, const at::Tensor& weight, int64_t channels) {
-  TORCH_CHECK(weight.dim() == 4 && weight.size(1) == 1, "fastops.", op,
-              ": expected weight of shape (C, 1, kh, kw) (channel multiplier 1), got ", str(weight.sizes()));
-  TORCH_CHECK(weight.size(0) == channels, "fastops.", op, ": expected weight.size(0) == channels of x (", str(channels),
-              "), got weight of shape ", str(weight.sizes()));
+  FASTOPS_CHECK_SHAPE(weight.dim() == 4 && weight.size(1) == 1, "fastops.", op,
+                      ": expected weight of shape (C, 1, kh, kw) (channel multiplier 1), got ",
+                      str(as_tuple(weight.sizes())));
+  FASTOPS_CHECK_SHAPE(weight.size(2) >= 1 && weight.size(3) >= 1, "fastops.", op,
+                      ": expected a kernel of at least 1 x 1, got weight of shape ", str(as_tuple(weight.sizes())));
+  FASTOPS_CHECK_SHAPE(weight.size(0) == channels, "fastops.", op, ": expected weight.size(0) == channels of x (",
+                      str(channels), "), got weight of shape ", str(as_tuple(weight.sizes())),
+                      " (a channel multiplier > 1 is not supported)");
 }
 
 inline void check_grad_out_shape(const char* op, const at::Tensor& grad, const DepthwiseGeometry& g) {
-  TORCH_CHECK(
+  FASTOPS_CHECK_SHAPE(
       grad.dim() == 4 && grad.size(0) == g.N && grad.size(1) == g.C && grad.size(2) == g.OH && grad.size(3) == g.OW,
       "fastops.", op, ": expected grad_out of shape ", str(at::IntArrayRef({g.N, g.C, g.OH, g.OW})), ", got ",
       str(grad.sizes()));
 }
 
-// The forward's checks on x, weight and bias (what F.conv2d(groups=C) would reject, in our words).
+// The forward's checks on x, weight and bias (what F.conv2d(groups=C) would reject, in our words):
+// shapes, then devices, then dtypes. Under autocast the autocast kernel has cast them already.
 inline void check_depthwise_inputs(const at::Tensor& x, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias) {
   const char* op = "depthwise_conv2d";
-  check_floating(op, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.depthwise_conv2d: expected x to be 4-D (N, C, H, W), got sizes ", str(x.sizes()));
-  check_same_device(op, "weight", weight, "x", x);
-  check_same_dtype(op, "weight", weight, "x", x);
+  const bool has_bias = bias.has_value() && bias->defined();
+  FASTOPS_CHECK_SHAPE(x.dim() == 4, "fastops.", op, ": expected x to be 4-D (N, C, H, W), got shape ",
+                      str(as_tuple(x.sizes())));
   check_depthwise_weight(op, weight, x.size(1));
-  if (bias.has_value() && bias->defined()) {
-    check_same_device(op, "bias", *bias, "x", x);
-    check_same_dtype(op, "bias", *bias, "x", x);
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == x.size(1), "fastops.depthwise_conv2d: expected bias of shape (",
-                str(x.size(1)), ",), got ", str(bias->sizes()));
+  if (has_bias) {
+    FASTOPS_CHECK_SHAPE(bias->dim() == 1 && bias->size(0) == x.size(1), "fastops.", op, ": expected bias of shape (",
+                        str(x.size(1)), ",), got ", str(as_tuple(bias->sizes())));
   }
+  check_same_device(op, "weight", weight, "x", x);
+  if (has_bias) check_same_device(op, "bias", *bias, "x", x);
+  check_floating(op, "x", x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  if (has_bias) check_same_dtype(op, "bias", *bias, "x", x);
 }
 
 inline DepthwiseGeometry check_depthwise_backward_input(const at::Tensor& grad, const at::Tensor& weight,
@@ -106,8 +117,8 @@ inline DepthwiseGeometry check_depthwise_backward_input(const at::Tensor& grad, 
   check_floating(op, "grad_out", grad);
   check_same_device(op, "weight", weight, "grad_out", grad);
   check_same_dtype(op, "weight", weight, "grad_out", grad);
-  TORCH_CHECK(weight.dim() == 4, "fastops.", op, ": expected weight of shape (C, 1, kh, kw), got ",
-              str(weight.sizes()));
+  FASTOPS_CHECK_SHAPE(weight.dim() == 4, "fastops.", op, ": expected weight of shape (C, 1, kh, kw), got ",
+                      str(as_tuple(weight.sizes())));
   const DepthwiseGeometry g =
       make_depthwise_geometry(op, input_size, weight.size(2), weight.size(3), stride, padding, dilation);
   check_depthwise_weight(op, weight, g.C);
@@ -122,9 +133,9 @@ inline DepthwiseGeometry check_depthwise_backward_weight(const at::Tensor& grad,
   check_floating(op, "x", x);
   check_same_device(op, "grad_out", grad, "x", x);
   check_same_dtype(op, "grad_out", grad, "x", x);
-  TORCH_CHECK(x.dim() == 4, "fastops.", op, ": expected x to be 4-D, got sizes ", str(x.sizes()));
-  TORCH_CHECK(kernel_size.size() == 2, "fastops.", op, ": expected kernel_size to be 2 integers, got ",
-              str(kernel_size));
+  FASTOPS_CHECK_SHAPE(x.dim() == 4, "fastops.", op, ": expected x to be 4-D, got shape ", str(as_tuple(x.sizes())));
+  FASTOPS_CHECK_ARG(kernel_size.size() == 2, "fastops.", op, ": expected kernel_size to be 2 integers, got ",
+                    str(kernel_size));
   const DepthwiseGeometry g =
       make_depthwise_geometry(op, x.sizes(), kernel_size[0], kernel_size[1], stride, padding, dilation);
   check_grad_out_shape(op, grad, g);

@@ -80,20 +80,21 @@ constexpr float kTailClamp = 20.0f;
 
 // "none" -> false, "tanh" -> true; anything else is a user error naming the op.
 inline bool parse_tanh(const char* op, std::string_view approximate) {
-  TORCH_CHECK(approximate == "none" || approximate == "tanh", "fastops.", op,
-              ": expected approximate to be 'none' or 'tanh', got '", std::string(approximate), "'");
+  FASTOPS_CHECK_ARG(approximate == "none" || approximate == "tanh", "fastops.", op,
+                    ": expected approximate to be 'none' or 'tanh', got '", std::string(approximate), "'");
   return approximate == "tanh";
 }
 
-// bias_gelu's argument checks, shared by the CPU and CUDA kernels (and mirrored in fastops/ops/gelu.py).
+// bias_gelu's argument checks, shared by the CPU and CUDA kernels (the fake kernels in
+// fastops/ops/gelu.py check the shapes alike).
 inline void check_bias_args(const char* op, const at::Tensor& x, const at::Tensor& bias) {
   check_floating(op, "x", x);
-  check_same_device(op, "bias", bias, "x", x);
+  FASTOPS_CHECK_SHAPE(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
+  FASTOPS_CHECK_SHAPE(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
+                      ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
+                      str(bias.sizes()));
   check_same_dtype(op, "bias", bias, "x", x);
-  TORCH_CHECK(x.dim() >= 1, "fastops.", op, ": expected x to have at least one dimension, got a 0-d tensor");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "fastops.", op,
-              ": expected bias to be 1-D with x.shape[-1] = ", str(x.size(-1)), " elements, got shape ",
-              str(bias.sizes()));
+  check_same_device(op, "bias", bias, "x", x);
 }
 
 // Scalar fp32 versions (CUDA kernels).

@@ -28,18 +28,19 @@ inline at::ScalarType se_opmath_dtype(const at::Tensor& x) {
 // x (or grad_out): a 4-D floating tensor.
 inline void check_se_activation(const char* op, const char* arg, const at::Tensor& t) {
   check_floating(op, arg, t);
-  TORCH_CHECK(t.dim() == 4, "fastops.", op, ": expected ", arg, " to be 4-D (N, C, H, W), got sizes ", str(t.sizes()));
+  FASTOPS_CHECK_SHAPE(t.dim() == 4, "fastops.", op, ": expected ", arg, " to be 4-D (N, C, H, W), got shape ",
+                      str(t.sizes()));
 }
 
 // A per-channel tensor: (N, C) of x's opmath dtype on x's device.
 inline void check_se_per_channel(const char* op, const char* arg, const at::Tensor& t, const char* x_arg,
                                  const at::Tensor& x) {
   check_same_device(op, arg, t, x_arg, x);
-  TORCH_CHECK(t.scalar_type() == se_opmath_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
-              str(se_opmath_dtype(x)), " (the compute dtype of ", x_arg, "'s ", str(x.scalar_type()), "), got ",
-              str(t.scalar_type()));
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == x.size(0) && t.size(1) == x.size(1), "fastops.", op, ": expected ", arg,
-              " of shape ", str(at::IntArrayRef({x.size(0), x.size(1)})), " (N, C), got ", str(t.sizes()));
+  FASTOPS_CHECK_DTYPE(t.scalar_type() == se_opmath_dtype(x), "fastops.", op, ": expected ", arg, " to be ",
+                      str(se_opmath_dtype(x)), " (the compute dtype of ", x_arg, "'s ", str(x.scalar_type()), "), got ",
+                      str(t.scalar_type()));
+  FASTOPS_CHECK_SHAPE(t.dim() == 2 && t.size(0) == x.size(0) && t.size(1) == x.size(1), "fastops.", op, ": expected ",
+                      arg, " of shape ", str(at::IntArrayRef({x.size(0), x.size(1)})), " (N, C), got ", str(t.sizes()));
 }
 
 // t in the layout the kernels run in: channels_last or contiguous (a no-op when it already is).
