@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-# What a registered op raises for an input it refuses. A module that calls its op directly (its
-# kernel checks the tensors) runs the checked public function on one of these, which raises the
-# op's typed error (ShapeError, DtypeError) with the same words, or raises again.
+# What a registered op raises for an input it refuses. For a Tensor x that is the kernel's own check,
+# typed and worded as the public function's error (ShapeError, DtypeError, ...), which a module that
+# calls its op directly lets through; for anything else the op's binding refused the argument in its
+# own words, and the module runs the checked public function instead, which names what it expected.
 REFUSED = (RuntimeError, TypeError, ValueError)
 
 

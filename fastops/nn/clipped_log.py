@@ -43,11 +43,13 @@ class ClippedLog(policy.TunedModule):
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
         # The registered op called directly (its C++ kernel checks x and eps against x's dtype; the
-        # constructor checked eps); on a refusal the checked function names what was wrong.
+        # constructor checked eps).
         try:
             return _CLIPPED_LOG_OP(x, self.eps, self.straight_through)
         except REFUSED:
-            return clipped_log(x, self.eps, self.straight_through)
+            if isinstance(x, Tensor):
+                raise
+            return clipped_log(x, self.eps, self.straight_through)  # names the non-Tensor x
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         # PyTorch's clamp and log, with the same (straight-through or not) gradient.

@@ -51,7 +51,8 @@ def tf_same_padding(
 
 _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 # The registered op, which the modules call directly: its C++ kernel checks the tensors, and the
-# modules hold their own hyper-parameters checked (fastops.depthwise_conv2d checks both, per call).
+# modules hold their own hyper-parameters checked and parsed (fastops.depthwise_conv2d parses them
+# per call).
 _DEPTHWISE_OP = torch.ops.fastops.depthwise_conv2d.default
 _RUN_DEPTHWISE = policy.compiled_runner("depthwise_conv2d")
 _is_compiling = torch.compiler.is_compiling
@@ -129,7 +130,9 @@ class DepthwiseConv2d(policy.TunedModule, nn.Conv2d):
         try:
             return _DEPTHWISE_OP(x, params["weight"], params["bias"], *self._op_args())
         except REFUSED:
-            # The checked function names what was wrong, in the op's typed error (or raises again).
+            if isinstance(x, Tensor):
+                raise
+            # names the non-Tensor x
             return depthwise_conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation)
 
     def _op_args(self) -> tuple[list[int], list[int], list[int]]:
@@ -213,12 +216,7 @@ class DepthwiseConv2dSame(DepthwiseConv2d):
 
     def _fastops_forward(self, x: Tensor) -> Tensor:
         pads = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)
-        try:
-            return _DEPTHWISE_OP(
-                x, self.weight, self.bias, list(self.stride), list(pads), list(self.dilation)
-            )
-        except REFUSED:
-            return depthwise_conv2d(x, self.weight, self.bias, self.stride, pads, self.dilation)
+        return _DEPTHWISE_OP(x, self.weight, self.bias, list(self.stride), list(pads), list(self.dilation))
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         top, bottom, left, right = tf_same_padding(x.shape[2:], self.kernel_size, self.stride, self.dilation)

@@ -74,21 +74,13 @@ def _gelu_skip_reason(m: nn.Module) -> str | None:
     return None if reason is None else f"registered as GELU(approximate={approximate!r}), but {reason}"
 
 
+# The registered ops, which the modules call directly: their C++ kernels check the tensors (a Tensor
+# x always reaches them here), and the modules hold their own form checked.
 _GELU_OP = torch.ops.fastops.gelu.default
-# The registered op, called directly as _GELU_OP is: its C++ kernel checks the tensors; on a refusal
-# the checked fastops.bias_gelu runs instead to name what was wrong in the op's typed error.
 _BIAS_GELU_OP = torch.ops.fastops.bias_gelu.default
 _RUN_GELU = policy.compiled_runner("gelu")
 _RUN_BIAS_GELU = policy.compiled_runner("bias_gelu")
 _is_compiling = torch.compiler.is_compiling
-_KERNEL_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
-
-
-def _bias_gelu(x: Tensor, bias: Tensor, approximate: str) -> Tensor:
-    try:
-        return _BIAS_GELU_OP(x, bias, approximate)
-    except REFUSED:
-        return bias_gelu(x, bias, approximate)
 
 
 class GELU(policy.TunedModule):
@@ -130,9 +122,12 @@ class GELU(policy.TunedModule):
     def _fastops_forward(self, x: Tensor) -> Tensor:
         # The registered op called directly (it checks x itself; the form was checked when the module
         # was built), the same path the tuner times and the forward runs.
-        if x.dtype in _KERNEL_DTYPES:
+        try:
             return _GELU_OP(x, self.approximate)
-        return gelu(x, self.approximate)  # fp64, or a dtype it names as unsupported
+        except REFUSED:
+            if isinstance(x, Tensor):
+                raise
+            return gelu(x, self.approximate)  # names the non-Tensor x
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.gelu(x, approximate=self.approximate)
@@ -178,7 +173,7 @@ class BiasGELU(policy.TunedModule):
     def _fastops_forward(self, x: Tensor) -> Tensor:
         bias = self._parameters["bias"]  # (self.bias: ~0.4 us through nn.Module.__getattr__)
         assert bias is not None
-        return _bias_gelu(x, bias if bias.dtype == x.dtype else bias.to(x.dtype), self.approximate)
+        return _BIAS_GELU_OP(x, bias if bias.dtype == x.dtype else bias.to(x.dtype), self.approximate)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.gelu(x + self.bias.to(x.dtype), approximate=self.approximate)
@@ -242,7 +237,7 @@ class LinearGELU(policy.TunedModule, nn.Linear):
         y = F.linear(x, self.weight)
         if self.bias is None:
             return gelu(y, self.approximate)
-        return _bias_gelu(y, self.bias.to(y.dtype), self.approximate)
+        return _BIAS_GELU_OP(y, self.bias.to(y.dtype), self.approximate)
 
     def _torch_forward(self, x: Tensor) -> Tensor:
         return F.gelu(F.linear(x, self.weight, self.bias), approximate=self.approximate)

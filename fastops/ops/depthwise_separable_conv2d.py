@@ -8,15 +8,13 @@ from torch import Tensor
 
 from fastops import reference
 from fastops.ops._validate import (
-    DtypeError,
     IntPair,
     ShapeError,
-    autocast_will_cast,
-    check_floating,
     check_same_device,
     check_tensor,
     conv_out_hw,
     int_pair,
+    kernel_hw,
     resolve_padding,
     under_torch_func,
 )
@@ -58,11 +56,17 @@ def depthwise_separable_conv2d(
 
     Equals ``fastops.reference.depthwise_separable_conv2d``.
     """
-    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias, dtypes_agree=not autocast_will_cast(x))
+    # The op checks the tensors, their device (a CPU kernel only) and the geometry
+    # (csrc/cpu/depthwise_separable_conv2d.cpp); here only what its schema cannot take, and the
+    # parsing of stride, padding and dilation into the lists it takes.
+    for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
+        check_tensor(_OP, arg, value)
+    for arg, opt in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
+        if opt is not None:
+            check_tensor(_OP, arg, opt)
     s = int_pair(_OP, "stride", stride, 1)
     d = int_pair(_OP, "dilation", dilation, 1)
-    p = resolve_padding(_OP, padding, (int(dw_weight.shape[2]), int(dw_weight.shape[3])), s, d)
-    conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], s, p, d)
+    p = resolve_padding(_OP, padding, kernel_hw(dw_weight), s, d)
     if under_torch_func():
         return reference.depthwise_separable_conv2d(x, dw_weight, dw_bias, pw_weight, pw_bias, s, p, d)
     return torch.ops.fastops.depthwise_separable_conv2d.default(
@@ -70,20 +74,10 @@ def depthwise_separable_conv2d(
     )
 
 
-def _check_inputs(
-    x: Tensor,
-    dw_weight: Tensor,
-    dw_bias: Tensor | None,
-    pw_weight: Tensor,
-    pw_bias: Tensor | None,
-    dtypes_agree: bool = True,
-) -> None:
-    """The op's one validator of its tensors, called by the eager path and by the fake kernel."""
-    for arg, value in (("x", x), ("dw_weight", dw_weight), ("pw_weight", pw_weight)):
-        check_tensor(_OP, arg, value)
-    for arg, opt in (("dw_bias", dw_bias), ("pw_bias", pw_bias)):
-        if opt is not None:
-            check_tensor(_OP, arg, opt)
+def _check_shapes(x: Tensor, dw_weight: Tensor, pw_weight: Tensor) -> None:
+    """What the fake kernel needs to shape the output: x's, the kernel's and Cout. The C++ twin
+    (check_inputs in csrc/cpu/depthwise_separable_conv2d.cpp) raises the same errors; the rest is
+    the kernel's to check, which a compiled graph runs too."""
     if x.dim() != 4:
         raise ShapeError(f"fastops.{_OP}: expected x to be 4-D (N, C, H, W), got shape {tuple(x.shape)}")
     c = x.shape[1]
@@ -100,29 +94,14 @@ def _check_inputs(
         raise ShapeError(
             f"fastops.{_OP}: expected pw_weight of shape (Cout, {c}, 1, 1), got {tuple(pw_weight.shape)}"
         )
-    for arg, bias, n in (("dw_bias", dw_bias, c), ("pw_bias", pw_bias, pw_weight.shape[0])):
-        if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-            raise ShapeError(f"fastops.{_OP}: expected {arg} of shape ({n},), got {tuple(bias.shape)}")
-    others = {"dw_weight": dw_weight, "dw_bias": dw_bias, "pw_weight": pw_weight, "pw_bias": pw_bias}
-    check_same_device(_OP, x, **others)
-    if x.device.type not in ("cpu", "meta"):
-        raise NotImplementedError(
-            f"fastops.{_OP}: only a CPU kernel exists (got x on {x.device}); on CUDA use "
-            "fastops.depthwise_conv2d followed by a 1x1 conv"
-        )
-    check_floating(_OP, "x", x)
-    for arg, t in others.items():
-        if dtypes_agree and t is not None and t.dtype != x.dtype:
-            raise DtypeError(
-                f"fastops.{_OP}: expected {arg} to have the dtype of x ({x.dtype}), got {t.dtype}"
-            )
 
 
 @torch.library.register_fake("fastops::depthwise_separable_conv2d")
 def _fake(
     x: Tensor, dw_weight: Tensor, dw_bias, pw_weight: Tensor, pw_bias, stride, padding, dilation
 ) -> Tensor:
-    _check_inputs(x, dw_weight, dw_bias, pw_weight, pw_bias)
+    _check_shapes(x, dw_weight, pw_weight)
+    check_same_device(_OP, x, dw_weight=dw_weight, dw_bias=dw_bias, pw_weight=pw_weight, pw_bias=pw_bias)
     oh, ow = conv_out_hw(_OP, x.shape[2], x.shape[3], dw_weight.shape[2:], stride, padding, dilation)
     return x.new_empty((x.shape[0], pw_weight.shape[0], oh, ow)).contiguous(memory_format=torch.channels_last)
 

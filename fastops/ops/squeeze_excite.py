@@ -19,9 +19,8 @@ from torch import Tensor
 
 from fastops import reference
 from fastops.ops._validate import (
-    DtypeError,
     ShapeError,
-    check_floating,
+    check_same_device,
     check_tensor,
     compute_dtype,
     under_torch_func,
@@ -45,70 +44,11 @@ def check_gate(op: str, gate: object) -> str:
     return gate
 
 
-def _check_activation(op: str, arg: str, t: Tensor) -> None:
-    check_floating(op, arg, t)
+def _check_activation_shape(op: str, arg: str, t: Tensor) -> None:
+    """What the fake kernels need of x (or grad_out): its 4 dims. The C++ twin is check_se_activation
+    in csrc/include/fastops/squeeze_excite.h, with the same message."""
     if t.dim() != 4:
         raise ShapeError(f"fastops.{op}: expected {arg} to be 4-D (N, C, H, W), got shape {list(t.shape)}")
-
-
-def _check_per_channel(op: str, arg: str, t: Tensor, x_arg: str, x: Tensor) -> None:
-    if t.device != x.device:
-        raise RuntimeError(
-            f"fastops.{op}: expected {arg} on the same device as {x_arg} ({x.device}), got {t.device}"
-        )
-    if t.dtype != compute_dtype(x):
-        raise DtypeError(
-            f"fastops.{op}: expected {arg} to be {compute_dtype(x)} (the compute dtype of {x_arg}'s "
-            f"{x.dtype}), got {t.dtype}"
-        )
-    torch._check(
-        t.dim() == 2 and t.shape[0] == x.shape[0] and t.shape[1] == x.shape[1],
-        lambda: (
-            f"fastops.{op}: expected {arg} of shape {[x.shape[0], x.shape[1]]} (N, C), got {list(t.shape)}"
-        ),
-    )
-
-
-def _check_fc(arg: str, t: Tensor | None, shape: tuple[int, ...], x: Tensor, optional: bool) -> None:
-    if t is None:
-        if not optional:
-            raise TypeError(f"fastops.{_OP}: expected {arg} to be a torch.Tensor, got None")
-        return
-    check_tensor(_OP, arg, t)
-    if not t.is_floating_point():
-        raise DtypeError(f"fastops.{_OP}: expected {arg} to be a floating tensor, got {t.dtype}")
-    if t.device != x.device:
-        raise RuntimeError(
-            f"fastops.{_OP}: expected {arg} on the same device as x ({x.device}), got {t.device}"
-        )
-    if tuple(t.shape) != shape:
-        raise ShapeError(f"fastops.{_OP}: expected {arg} of shape {list(shape)}, got {list(t.shape)}")
-
-
-def _check_inputs(
-    x: Tensor,
-    fc1_weight: Tensor,
-    fc1_bias: Tensor | None,
-    fc2_weight: Tensor,
-    fc2_bias: Tensor | None,
-    act: object,
-    gate: object,
-) -> None:
-    check_tensor(_OP, "x", x)
-    _check_activation(_OP, "x", x)
-    check_tensor(_OP, "fc1_weight", fc1_weight)
-    if fc1_weight.dim() != 2:
-        raise ShapeError(
-            f"fastops.{_OP}: expected fc1_weight to be 2-D (reduced_channels, C) as nn.Linear's weight "
-            f"(flatten a 1x1 conv's weight), got shape {list(fc1_weight.shape)}"
-        )
-    channels, reduced = int(x.shape[1]), int(fc1_weight.shape[0])
-    _check_fc("fc1_weight", fc1_weight, (reduced, channels), x, optional=False)
-    _check_fc("fc1_bias", fc1_bias, (reduced,), x, optional=True)
-    _check_fc("fc2_weight", fc2_weight, (channels, reduced), x, optional=False)
-    _check_fc("fc2_bias", fc2_bias, (channels,), x, optional=True)
-    check_act(_OP, act)
-    check_gate(_OP, gate)
 
 
 def squeeze_excite(
@@ -148,13 +88,25 @@ def squeeze_excite(
     Equals: ``x * gate(F.linear(act(F.linear(x.mean((2, 3)), fc1_weight, fc1_bias)), fc2_weight,
     fc2_bias))[:, :, None, None]`` (see ``fastops.reference.squeeze_excite``).
     """
-    _check_inputs(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
+    # The op checks the tensors, act and gate (csrc/squeeze_excite_op.cpp); here only what its schema
+    # cannot take.
+    for arg, value in (("x", x), ("fc1_weight", fc1_weight), ("fc2_weight", fc2_weight)):
+        check_tensor(_OP, arg, value)
+    for arg, opt in (("fc1_bias", fc1_bias), ("fc2_bias", fc2_bias)):
+        if opt is not None:
+            check_tensor(_OP, arg, opt)
+    if type(act) is not str:
+        check_act(_OP, act)
+    if type(gate) is not str:
+        check_gate(_OP, gate)
     if under_torch_func():
         return reference.squeeze_excite(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
     return torch.ops.fastops.squeeze_excite.default(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias, act, gate)
 
 
 # ---- fake kernels -------------------------------------------------------------------------------
+# Each checks what it needs to shape its outputs, and one device for them; the rest is the kernels' to
+# check, which a compiled graph runs too, so it raises what an eager call raises.
 
 
 def _empty_in_kernel_layout(t: Tensor) -> Tensor:
@@ -164,40 +116,28 @@ def _empty_in_kernel_layout(t: Tensor) -> Tensor:
 
 @torch.library.register_fake("fastops::squeeze_excite_pool")
 def _pool_fake(x: Tensor) -> Tensor:
-    _check_activation("squeeze_excite_pool", "x", x)
+    _check_activation_shape("squeeze_excite_pool", "x", x)
     return x.new_empty((x.shape[0], x.shape[1]), dtype=compute_dtype(x))
 
 
 @torch.library.register_fake("fastops::squeeze_excite_scale")
 def _scale_fake(x: Tensor, scale: Tensor) -> Tensor:
-    _check_activation("squeeze_excite_scale", "x", x)
-    _check_per_channel("squeeze_excite_scale", "scale", scale, "x", x)
+    _check_activation_shape("squeeze_excite_scale", "x", x)
+    check_same_device("squeeze_excite_scale", x, scale=scale)
     return _empty_in_kernel_layout(x)
 
 
 @torch.library.register_fake("fastops::squeeze_excite_backward_reduce")
 def _backward_reduce_fake(grad_out: Tensor, x: Tensor) -> Tensor:
-    op = "squeeze_excite_backward_reduce"
-    _check_activation(op, "x", x)
-    if grad_out.dtype != x.dtype:
-        raise DtypeError(
-            f"fastops.{op}: expected grad_out to have the dtype of x ({x.dtype}), got {grad_out.dtype}"
-        )
-    torch._check(
-        grad_out.shape == x.shape,
-        lambda: (
-            f"fastops.{op}: expected grad_out to have the shape of x {list(x.shape)}, got {list(grad_out.shape)}"
-        ),
-    )
+    _check_activation_shape("squeeze_excite_backward_reduce", "x", x)
     return x.new_empty((x.shape[0], x.shape[1]), dtype=compute_dtype(x))
 
 
 @torch.library.register_fake("fastops::squeeze_excite_backward_input")
 def _backward_input_fake(grad_out: Tensor, scale: Tensor, grad_pool: Tensor) -> Tensor:
     op = "squeeze_excite_backward_input"
-    _check_activation(op, "grad_out", grad_out)
-    _check_per_channel(op, "scale", scale, "grad_out", grad_out)
-    _check_per_channel(op, "grad_pool", grad_pool, "grad_out", grad_out)
+    _check_activation_shape(op, "grad_out", grad_out)
+    check_same_device(op, grad_out, "grad_out", scale=scale, grad_pool=grad_pool)
     return _empty_in_kernel_layout(grad_out)
 
 
@@ -211,7 +151,10 @@ def _block_fake(
     act: str,
     gate: str,
 ) -> Tensor:
-    _check_activation(_OP, "x", x)
+    _check_activation_shape(_OP, "x", x)
+    check_same_device(
+        _OP, x, fc1_weight=fc1_weight, fc1_bias=fc1_bias, fc2_weight=fc2_weight, fc2_bias=fc2_bias
+    )
     return _empty_in_kernel_layout(x)
 
 
@@ -225,7 +168,16 @@ def _forward_fake(
     act: str,
     gate: str,
 ) -> tuple[Tensor, ...]:
-    _check_activation("squeeze_excite_forward", "x", x)
+    op = "squeeze_excite_forward"
+    _check_activation_shape(op, "x", x)
+    if fc1_weight.dim() != 2:  # its R shapes two outputs
+        raise ShapeError(
+            f"fastops.{op}: expected fc1_weight to be 2-D (reduced_channels, C) as nn.Linear's weight "
+            f"(flatten a 1x1 conv's weight), got shape {list(fc1_weight.shape)}"
+        )
+    check_same_device(
+        op, x, fc1_weight=fc1_weight, fc1_bias=fc1_bias, fc2_weight=fc2_weight, fc2_bias=fc2_bias
+    )
     dtype = compute_dtype(x)
     n, c, r = x.shape[0], x.shape[1], fc1_weight.shape[0]
     pooled, pre_gate, scale = (x.new_empty((n, c), dtype=dtype) for _ in range(3))
@@ -248,7 +200,7 @@ def _block_backward_fake(
     gate: str,
     input_grad: bool,
 ) -> tuple[Tensor, ...]:
-    _check_activation("squeeze_excite_backward", "x", x)
+    _check_activation_shape("squeeze_excite_backward", "x", x)
     dtype = compute_dtype(x)
     grad_x = _empty_in_kernel_layout(grad_out) if input_grad else grad_out.new_empty((0,))
     return (

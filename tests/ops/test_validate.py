@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fastops
 from fastops.ops._validate import ArgumentError, DtypeError, ShapeError
 
 
@@ -73,3 +74,23 @@ def test_the_type_survives_autograd_and_python_kernels() -> None:
         ops.depthwise_separable_conv2d.default(
             x, torch.randn(4, 1, 3, 3), None, torch.randn(8, 3, 1, 1), None, [1, 1], [0] * 4, [1, 1]
         )
+
+
+def test_a_compiled_call_raises_what_an_eager_call_raises() -> None:
+    """The fake kernels check only what they need to shape outputs; the rest is raised by the kernel
+    the compiled graph runs, so its type is the eager call's (an error raised while dynamo traces
+    reaches the caller as its TorchRuntimeError instead)."""
+    x, w = torch.randn(2, 4, 6, 6), torch.randn(4, 1, 3, 3)
+    cases = [
+        (fastops.gelu, (torch.ones(3, dtype=torch.long),), DtypeError),
+        (fastops.depthwise_conv2d, (x, torch.randn(8, 1, 3, 3)), ShapeError),
+        (fastops.depthwise_conv2d, (x, w.double()), DtypeError),
+        (fastops.bias_gelu, (torch.ones(2, 3), torch.ones(2)), ShapeError),
+    ]
+    for fn, args, error in cases:
+        with pytest.raises(error) as eager:
+            fn(*args)
+        torch._dynamo.reset()
+        with pytest.raises(error) as compiled:
+            torch.compile(fn, fullgraph=True)(*args)
+        assert str(compiled.value) == str(eager.value)
