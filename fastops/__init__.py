@@ -16,9 +16,20 @@ Public API:
   fastops.reference               plain-PyTorch definitions of every op
 """
 
+import sys
+
 from fastops import _env, _extension
 
-_env.check()  # a bad FASTOPS_* value is an error now, before any work
+try:
+    _env.check()  # a bad FASTOPS_* value is an error now, before any work
+except ValueError as error:
+    # `python -m fastops.<command>` imports this package before the command reads its arguments
+    # (sys.argv[0] is "-m" only while Python looks for the command): a usage error, as argparse
+    # gives, exit status 2 with the one line and no traceback.
+    if sys.argv[:1] == ["-m"]:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise
 _extension.load()
 
 from fastops import nn, ops, optim, reference  # noqa: E402

@@ -4,6 +4,10 @@ custom loss and metric, activation checkpointing by block, exact resume and clea
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -191,3 +195,14 @@ def test_a_bad_fastops_backend_is_a_usage_error_up_front(monkeypatch, capsys) ->
         cli.main(["--epochs", "1", "--device", "cpu", "--no-progress"])
     assert exit_info.value.code == 2
     assert "FASTOPS_BACKEND='garbage'" in capsys.readouterr().err
+    # As users run it: the package's own import-time check answers before the CLI parses anything.
+    env = {**os.environ, "FASTOPS_BACKEND": "garbage", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-m", "fastops.train", "--epochs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "FASTOPS_BACKEND='garbage'" in done.stderr and "Traceback" not in done.stderr
