@@ -113,7 +113,9 @@ def _cached_choice(module: nn.Module, x: object, counts: Counter[str]) -> bool |
     return tuner._compiled().cached_choice(module, x, counts)
 
 
-_is_compiling = torch.compiler.is_compiling
+# Bound once: the modules' forwards ask on every call (an attribute walk through torch.compiler costs
+# more than the call).
+is_compiling = torch.compiler.is_compiling
 
 
 def compiled_runner(op: str) -> Callable[..., Tensor | None]:
@@ -130,7 +132,7 @@ def runs_torch(module: TunedModule, x: Tensor) -> bool:
 
     The common case, a module called again on a kind of input it has seen (every training step), is
     one call into csrc/tuner.cpp: a hash of the call and a lookup in the module's own memo."""
-    if not _is_compiling():
+    if not is_compiling():
         choice = _cached_choice(module, x, _FALLBACKS)
         if choice is not None:
             return choice
@@ -138,7 +140,7 @@ def runs_torch(module: TunedModule, x: Tensor) -> bool:
 
 
 def _decide(module: TunedModule, x: Tensor) -> bool:
-    if torch._C._are_functorch_transforms_active() and not _is_compiling():
+    if torch._C._are_functorch_transforms_active() and not is_compiling():
         # torch.func (grad, vjp, vmap, ...) transforms PyTorch's composition; our ops' autograd is
         # C++ (a torch::autograd::Function), which functorch cannot transform. Not a fallback: no count.
         return True
@@ -156,7 +158,7 @@ def _decide(module: TunedModule, x: Tensor) -> bool:
     else:
         return backend == "torch"
 
-    if not _is_compiling():
+    if not is_compiling():
         if not isinstance(x, Tensor):
             raise TypeError(
                 f"fastops.nn.{type(module).__name__}: expected x to be a Tensor, got {type(x).__name__}"

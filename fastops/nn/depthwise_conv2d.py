@@ -14,6 +14,7 @@ from fastops import policy
 from fastops.nn._twin import REFUSED, forward_mismatch, share_parameters
 from fastops.ops._validate import int_pair, resolve_padding
 from fastops.ops.depthwise_conv2d import depthwise_conv2d
+from fastops.policy import is_compiling
 from fastops.swap_rules import SwapRule, class_path, overrides, register_swap_rule
 
 # nn.Conv2d subclasses whose forward zero-pads TensorFlow "same" for each input size and then runs
@@ -55,7 +56,6 @@ _OP = "depthwise_conv2d"  # argument errors name the op the module runs
 # per call).
 _DEPTHWISE_OP = torch.ops.fastops.depthwise_conv2d.default
 _RUN_DEPTHWISE = policy.compiled_runner("depthwise_conv2d")
-_is_compiling = torch.compiler.is_compiling
 
 
 def _unbatched(x: object) -> bool:
@@ -110,9 +110,9 @@ class DepthwiseConv2d(policy.TunedModule, nn.Conv2d):
         self.padding: tuple[int, int] | str = pads
 
     def forward(self, x: Tensor) -> Tensor:
-        if not _is_compiling():
+        if not is_compiling():
             params = self._parameters  # (self.weight costs ~0.4 us a lookup, through nn.Module.__getattr__)
-            try:  # ours, when remembered as faster for this x (unbatched x: None, never remembered)
+            try:  # ours, when chosen for this x (measured faster, or forced by backend) (unbatched x: None, never remembered)
                 y = _RUN_DEPTHWISE(self, x, params["weight"], params["bias"], *self._op_args())
             except REFUSED:
                 y = None  # the path below names what was wrong

@@ -12,7 +12,7 @@ from fastops import policy
 from fastops.nn._twin import REFUSED, accept_state_dict_keys, forward_mismatch, share_parameters
 from fastops.ops._validate import check_approximate
 from fastops.ops.gelu import bias_gelu, gelu
-from fastops.policy import runs_torch
+from fastops.policy import is_compiling, runs_torch
 from fastops.swap_rules import (
     PairRule,
     SwapRule,
@@ -80,7 +80,6 @@ _GELU_OP = torch.ops.fastops.gelu.default
 _BIAS_GELU_OP = torch.ops.fastops.bias_gelu.default
 _RUN_GELU = policy.compiled_runner("gelu")
 _RUN_BIAS_GELU = policy.compiled_runner("bias_gelu")
-_is_compiling = torch.compiler.is_compiling
 
 
 class GELU(policy.TunedModule):
@@ -110,8 +109,10 @@ class GELU(policy.TunedModule):
         return f"approximate={self.approximate!r}"
 
     def forward(self, x: Tensor) -> Tensor:
-        if not _is_compiling():
-            y = _RUN_GELU(self, x, self.approximate)  # ours, when remembered as faster for this x
+        if not is_compiling():
+            y = _RUN_GELU(
+                self, x, self.approximate
+            )  # ours, when chosen for this x (measured faster, or forced by backend)
             if y is not None:
                 return y
         # TunedModule.forward with its torch side inlined: the smallest op, where a call costs most.
@@ -161,8 +162,8 @@ class BiasGELU(policy.TunedModule):
         return f"approximate={self.approximate!r}"
 
     def forward(self, x: Tensor) -> Tensor:
-        if not _is_compiling():
-            try:  # ours, when remembered as faster for this x (a bias of another dtype: None)
+        if not is_compiling():
+            try:  # ours, when chosen for this x (measured faster, or forced by backend) (a bias of another dtype: None)
                 y = _RUN_BIAS_GELU(self, x, self._parameters["bias"], self.approximate)
             except REFUSED:
                 y = None  # the path below names what was wrong
