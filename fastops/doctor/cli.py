@@ -112,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         blocks=cfg.blocks or None,
         levers=args.levers,
         threads=cfg.threads,
-        out_dir=args.out_dir,
     )
+    written = report.write(args.out_dir)  # no doctor.png without matplotlib
     print()
     print(report.table())
-    print(f"\nwrote {args.out_dir / 'doctor.md'}, doctor.json and doctor.png")
+    print(f"\nwrote {', '.join(str(path) for path in written)}")
     return 0
