@@ -41,6 +41,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 // Rows of a reduction block: about 16384 elements (64 KiB of fp32, read again from L2 by the second
@@ -356,6 +357,8 @@ void normalize(T* y, const T* x, const BatchNormShape& s, const opmath_t<T>* sca
   });
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::Tensor& x_in,
                                                                       const std::optional<at::Tensor>& weight,
                                                                       const std::optional<at::Tensor>& bias,
@@ -408,6 +411,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::
   return {y, mean, invstd, unbiased};
 }
 
+namespace {
+
 // dx = (g - mean_dy - (x - mean) * k) * a per channel (k = 0, mean_dy = 0 in eval).
 template <typename T>
 struct InputGradFactors {
@@ -436,6 +441,8 @@ inline void row_input_grad(T* dx, const T* g, const T* x, int64_t C, const Input
            MVec::loadu(f.a + j, n);
   });
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                    const std::optional<at::Tensor>& weight,
@@ -540,10 +547,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(const at::Ten
   return {dx, dweight, dbias};
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("batch_norm", &fastops::cpu::batch_norm);
-  m.impl("batch_norm_backward", &fastops::cpu::batch_norm_backward);
-}

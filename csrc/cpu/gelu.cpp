@@ -31,6 +31,7 @@
 #include <tuple>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 namespace gm = fastops::gelu_math;
@@ -329,6 +330,8 @@ struct GeluTanhBackward {
 
 // ---- gelu ---------------------------------------------------------------------------------------
 
+}  // namespace
+
 at::Tensor gelu(const at::Tensor& x_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("gelu", approximate);
   check_floating("gelu", "x", x_in);
@@ -363,6 +366,8 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
   });
   return dx;
 }
+
+namespace {
 
 // ---- bias_gelu ----------------------------------------------------------------------------------
 
@@ -532,6 +537,8 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
   sum_rows_in_order(partial_ptr, row_blocks, n, grad_bias_acc.data_ptr<M>());
 }
 
+}  // namespace
+
 at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu", approximate);
   gm::check_bias_args("bias_gelu", x_in, bias_in);
@@ -589,12 +596,5 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
   return {dx, grad_bias};
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("gelu", &fastops::cpu::gelu);
-  m.impl("gelu_backward", &fastops::cpu::gelu_backward);
-  m.impl("bias_gelu", &fastops::cpu::bias_gelu);
-  m.impl("bias_gelu_backward", &fastops::cpu::bias_gelu_backward);
-}
