@@ -2,6 +2,8 @@
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
 #   make test-avx2   the CPU op tests again as an AVX2-only x86-64 CPU runs them (AVX2 level forced, ATen and oneDNN capped)
+#   make test-default the CPU op tests again at the DEFAULT level (no AVX: as an old x86-64 or an aarch64 CPU runs them)
+#   make cross-aarch64 compile csrc/ (DEFAULT level) for aarch64 with Debian's cross compiler, against this torch's headers
 #   make bench       run every benchmarks/bench_*.py on this machine, a CSV per run into benchmarks/results/data/
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
@@ -26,7 +28,7 @@ PY := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env install test test-avx2 bench demo lint format cuda-check test-models upgrade-check clean
+.PHONY: env install test test-avx2 test-default cross-aarch64 bench demo lint format cuda-check test-models upgrade-check clean
 
 .venv/.installed: requirements-dev.txt
 	$(PYTHON) -m venv .venv
@@ -60,6 +62,14 @@ endef
 
 test-avx2: install
 	$(call test_level,avx2,AVX2,AVX2,avx2)
+
+test-default: install
+	$(call test_level,default,DEFAULT,SSE41,)
+
+# csrc/ compiled (not linked) for aarch64 at the DEFAULT level, against the installed torch's headers:
+# proves that no x86 flag or intrinsic leaks into the code every CPU runs. Needs g++-aarch64-linux-gnu.
+cross-aarch64: env
+	$(PY) .ci/cross_compile.py --target aarch64-linux-gnu
 
 # Every benchmarks/bench_*.py, no hand-kept list: a new op's benchmark runs as soon as it exists.
 bench: install

@@ -17,9 +17,12 @@ Knobs (environment variables):
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -170,12 +173,30 @@ def include_dirs(root: Path = CSRC_DIR) -> list[str]:
     return [str(root / "include")]
 
 
+@functools.cache
+def openmp_flags() -> list[str]:
+    """-fopenmp where the C++ compiler takes it (GCC, LLVM clang with libomp), else nothing (Apple clang
+    refuses it): without it at::parallel_for silently runs on one thread, which is slower but correct."""
+    compiler = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp, "omp.cpp")
+        source.write_text("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+        try:
+            probe = subprocess.run(
+                [*compiler.split(), "-fopenmp", str(source), "-o", str(Path(tmp, "omp"))],
+                capture_output=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+    return ["-fopenmp"] if probe.returncode == 0 else []
+
+
 def cxx_flags(with_cuda: bool, built_capabilities: list[str]) -> list[str]:
     """The flags of every C++ translation unit; a CPU kernel's add capability_cxx_flags(level). The
     code compiled once learns which levels exist from FASTOPS_CPU_BUILT_<LEVEL>."""
     # No -std: torch.utils.cpp_extension adds the standard the installed torch needs (C++20 from 2.14).
-    # -fopenmp: without it at::parallel_for silently runs on one thread.
-    flags = ["-O3", "-fopenmp", "-fno-math-errno"]
+    flags = ["-O3", *openmp_flags(), "-fno-math-errno"]
     flags += [f"-DFASTOPS_CPU_BUILT_{c.upper()}" for c in built_capabilities if c != "default"]
     if with_cuda:
         flags.append("-DFASTOPS_WITH_CUDA")
@@ -193,7 +214,7 @@ def nvcc_flags() -> list[str]:
 
 
 def ld_flags() -> list[str]:
-    return ["-fopenmp"]
+    return openmp_flags()
 
 
 def torch_identity() -> dict[str, str | bool | None]:
