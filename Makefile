@@ -1,7 +1,9 @@
 # fastops developer commands. Each target uses the active virtualenv when one is active
 # ($VIRTUAL_ENV), otherwise creates ./.venv with the pinned CPU torch and the dev requirements.
 #   make test        build fastops (editable) and run the test suite
-#   make test-avx2   the CPU op tests again as an AVX2-only x86-64 CPU runs them (AVX2 build, ATen and oneDNN capped)
+#   make test-avx2   the CPU op tests again as an AVX2-only x86-64 CPU runs them (AVX2 level forced, ATen and oneDNN capped)
+#   make test-default the CPU op tests again at the DEFAULT level (no AVX: as an old x86-64 or an aarch64 CPU runs them)
+#   make cross-aarch64 compile csrc/ (DEFAULT level) for aarch64 with Debian's cross compiler, against this torch's headers
 #   make bench       run every benchmarks/bench_*.py on this machine, a CSV per run into benchmarks/results/data/
 #   make demo        the main job: fastops vs stock PyTorch on sklearn's digits (table + runs/demo/compare.png)
 #   make lint        ruff, clang-format, mypy
@@ -14,6 +16,10 @@ TORCH_SPEC ?= torch==2.13.0
 CUDA_TORCH_SPEC ?= torch==2.14.1
 CUDA_ARCH ?= 9.0
 
+# The best ISA level of the CPU kernels this CPU runs (fastops/_build.py; it imports no torch).
+BEST_CPU_CAPABILITY := $(shell $(PYTHON) -c "import runpy; b = runpy.run_path('fastops/_build.py'); \
+	print(b['best_cpu_capability'](list(b['CPU_CAPABILITIES'])))")
+
 ifdef VIRTUAL_ENV
 PY := $(VIRTUAL_ENV)/bin/python
 ENV_STAMP :=
@@ -22,7 +28,7 @@ PY := .venv/bin/python
 ENV_STAMP := .venv/.installed
 endif
 
-.PHONY: env install test test-avx2 bench demo lint format cuda-check test-models upgrade-check clean
+.PHONY: env install test test-avx2 test-default cross-aarch64 bench demo lint format cuda-check test-models upgrade-check clean
 
 .venv/.installed: requirements-dev.txt
 	$(PYTHON) -m venv .venv
@@ -37,21 +43,33 @@ install: env
 test: install
 	$(PY) -m pytest tests -q
 
-# tests/ops as an x86-64 CPU without AVX-512 runs them, so an AVX-512 machine sees what it would see:
-# fastops' AVX2 build (JIT, cached apart from the default build), ATen's AVX2 kernels, and oneDNN
-# capped at AVX2 (which moves eager bf16 convs, the tests' yardstick, off oneDNN). Inductor gets a
-# cache of its own: its FX-graph cache is not keyed on the ATen capability, and an AVX-512 entry
-# reused under ATEN_CPU_CAPABILITY=avx2 fails. The first command checks that all of it took effect.
-AVX2_ENV := FASTOPS_JIT=1 FASTOPS_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
-	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/build/torchinductor-avx2 PYTHONPATH=$(CURDIR)
-
-test-avx2: env
-	@if ! grep -qw avx2 /proc/cpuinfo 2>/dev/null; then echo "test-avx2: no AVX2 on this CPU, skipped"; exit 0; fi; \
-	set -e; \
-	$(AVX2_ENV) $(PY) -c "import torch, fastops._extension as ext; \
+# tests/ops at one ISA level of fastops' CPU kernels, as a CPU whose best level that is runs them, so an
+# AVX-512 machine sees what it would see: the same library with the level forced at run time
+# (FASTOPS_CPU_CAPABILITY), ATen's kernels of that level, and oneDNN capped to match (which moves eager
+# bf16 convs, the tests' yardstick, off oneDNN's AVX-512 paths). Inductor gets a cache of its own: its
+# FX-graph cache is not keyed on the ATen capability, and an AVX-512 entry reused under
+# ATEN_CPU_CAPABILITY=avx2 fails. The first command checks that all of it took effect.
+#   $(call test_level,<fastops level>,<ATen's name of it>,<oneDNN ISA cap>,<CPU flag the level needs>)
+define test_level
+	@if [ -n "$(4)" ] && ! grep -qw $(4) /proc/cpuinfo 2>/dev/null; then echo "test-$(1): no $(4) on this CPU, skipped"; exit 0; fi; \
+	set -e; level_env="FASTOPS_CPU_CAPABILITY=$(1) ATEN_CPU_CAPABILITY=$(1) ONEDNN_MAX_CPU_ISA=$(3) \
+	  TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/build/torchinductor-$(1)"; \
+	env $$level_env $(PY) -c "import torch, fastops._extension as ext; \
 	  got = (torch.backends.cpu.get_cpu_capability(), ext.load().cpu_capability, torch.ops.mkldnn._is_mkldnn_bf16_supported()); \
-	  print('test-avx2: ATen %s, fastops %s, oneDNN bf16 %s' % got); assert got == ('AVX2', 'avx2', False), got"; \
-	$(AVX2_ENV) $(PY) -m pytest tests/ops -q
+	  print('test-$(1): ATen %s, fastops %s, oneDNN bf16 %s' % got); assert got == ('$(2)', '$(1)', False), got"; \
+	env $$level_env $(PY) -m pytest tests/ops -q
+endef
+
+test-avx2: install
+	$(call test_level,avx2,AVX2,AVX2,avx2)
+
+test-default: install
+	$(call test_level,default,DEFAULT,SSE41,)
+
+# csrc/ compiled (not linked) for aarch64 at the DEFAULT level, against the installed torch's headers:
+# proves that no x86 flag or intrinsic leaks into the code every CPU runs. Needs g++-aarch64-linux-gnu.
+cross-aarch64: env
+	$(PY) .ci/cross_compile.py --target aarch64-linux-gnu
 
 # Every benchmarks/bench_*.py, no hand-kept list: a new op's benchmark runs as soon as it exists.
 bench: install
@@ -79,11 +97,12 @@ format: env
 	touch $@
 
 # Builds a wheel with the CUDA kernels from a copy of the tree, installs it and imports it (which
-# resolves every symbol of the library), then runs a CPU op through it.
+# resolves every symbol of the library), then runs a CPU op through it. One ISA level of the CPU
+# kernels (DEFAULT) is enough to link them: the others are `make test`'s build.
 cuda-check: .venv-cuda/.installed
 	@set -euo pipefail; tmp=$$(mktemp -d); \
 	git ls-files -z -c -o --exclude-standard | xargs -0 cp --parents -t $$tmp; \
-	cd $$tmp && FASTOPS_CUDA=1 TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH)" CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} \
+	cd $$tmp && FASTOPS_CUDA=1 FASTOPS_CPU_CAPABILITIES=default TORCH_CUDA_ARCH_LIST="$(CUDA_ARCH)" CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} \
 	  $(CURDIR)/.venv-cuda/bin/python -m pip wheel -q --no-build-isolation --no-deps -w dist . ; \
 	$(CURDIR)/.venv-cuda/bin/python -m pip install -q --no-deps --force-reinstall --target $$tmp/site dist/*.whl; \
 	cd /tmp && PYTHONPATH=$$tmp/site $(CURDIR)/.venv-cuda/bin/python -m fastops.info | tee $$tmp/info.txt; \
@@ -101,10 +120,12 @@ cuda-check: .venv-cuda/.installed
 # tests/models, and the CLI's ImageFolder runs of torchvision:/timm: models, need a torchvision built
 # for the installed torch: there is none for the CPU torch of the main env, so they run in .venv-cuda
 # (torch 2.14.1 + cu130, on the CPU). FASTOPS_CUDA=0 JIT-builds the CPU kernels only, cached apart
-# from the main env's build (the JIT cache is keyed on the torch version).
+# from the main env's build (the JIT cache is keyed on the torch version), at the DEFAULT level and
+# the CPU's best only (FASTOPS_CPU_CAPABILITIES): the other levels are the op tests' business.
+MODELS_ENV = FASTOPS_JIT=1 FASTOPS_CUDA=0 FASTOPS_CPU_CAPABILITIES=$(BEST_CPU_CAPABILITY) PYTHONPATH=$(CURDIR)
 test-models: .venv-cuda/.models-installed
-	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/models -q
-	FASTOPS_JIT=1 FASTOPS_CUDA=0 PYTHONPATH=$(CURDIR) .venv-cuda/bin/python -m pytest tests/train/test_cli.py -q -k image_folder
+	$(MODELS_ENV) .venv-cuda/bin/python -m pytest tests/models -q
+	$(MODELS_ENV) .venv-cuda/bin/python -m pytest tests/train/test_cli.py -q -k image_folder
 
 # What `pip install -U torch` does to an installed fastops: the library built in the main env imported
 # under .venv-cuda's torch (another version), from a copy of the package without csrc/ as a wheel

@@ -343,7 +343,7 @@ def _git_state() -> tuple[str, bool]:
 
 def machine_tag(facts: dict[str, str]) -> str:
     """The machine a run stands for, as a file-name-safe word: the CPU model with the fastops ISA
-    level and thread count (an AVX2 build on an AVX-512 host is another machine), or the GPU name."""
+    level and thread count (the AVX2 level forced on an AVX-512 host is another machine), or the GPU name."""
     name = re.sub(r"\((r|tm)\)|\bcpu\b|@.*", " ", facts["machine"].lower())
     tag = re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "unknown"
     if facts["device"] == "cpu":

@@ -10,7 +10,7 @@ the docs quote for the CPU bulk (|x| <= 7) come from
     python -m benchmarks.gelu_accuracy --lo -7 --hi 7
 
 (about 2.2e9 values: a few minutes on two cores). Run under FASTOPS_CPU_CAPABILITY=avx2 for the
-AVX2 build. Not a test: tests/ops/test_gelu.py holds the bounds on a dense grid.
+AVX2 level. Not a test: tests/ops/test_gelu.py holds the bounds on a dense grid.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/zeros_like.h>
 #include <fastops/autograd.h>
+#include <fastops/cpu_capability.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -23,6 +24,17 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+// The CPU kernels (cpu/batch_norm.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(batch_norm,
+                           std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                               const at::Tensor&, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool, double))
+FASTOPS_DECLARE_CPU_KERNEL(batch_norm_backward,
+                           std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                          const std::optional<at::Tensor>&,
+                                                                          const at::Tensor&, const at::Tensor&, bool,
+                                                                          bool))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // batch_norm: y = (x - mean) * invstd * weight + bias over dim 1, the statistics of the batch
@@ -246,4 +258,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_autograd(
 TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
   m.impl("batch_norm", &fastops::batch_norm_autograd);
   m.impl("batch_norm_backward", &fastops::batch_norm_backward_autograd);
+}
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("batch_norm", FASTOPS_CPU_KERNEL(batch_norm));
+  m.impl("batch_norm_backward", FASTOPS_CPU_KERNEL(batch_norm_backward));
 }

@@ -16,6 +16,7 @@
 #include <c10/core/DeviceType.h>
 #include <fastops/autocast.h>
 #include <fastops/autograd.h>
+#include <fastops/cpu_capability.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -23,6 +24,10 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+// The CPU kernels (cpu/clipped_log.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(clipped_log, at::Tensor(const at::Tensor&, double, bool))
+FASTOPS_DECLARE_CPU_KERNEL(clipped_log_backward, at::Tensor(const at::Tensor&, const at::Tensor&, double, bool))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // clipped_log: log(clamp(x, min=eps)); fastops/ops/clipped_log.py
@@ -102,4 +107,9 @@ TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
 
 TORCH_LIBRARY_IMPL(fastops, AutocastCUDA, m) {
   m.impl("clipped_log", fastops::autocast::in_float32<c10::DeviceType::CUDA>());
+}
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("clipped_log", FASTOPS_CPU_KERNEL(clipped_log));
+  m.impl("clipped_log_backward", FASTOPS_CPU_KERNEL(clipped_log_backward));
 }

@@ -17,6 +17,7 @@
 #include <fastops/autocast.h>
 #include <fastops/autograd.h>
 #include <fastops/checks.h>
+#include <fastops/cpu_capability.h>
 #include <fastops/depthwise_ops.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -25,6 +26,17 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+// The CPU kernels (cpu/depthwise_conv2d.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(depthwise_conv2d,
+                           at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                      at::IntArrayRef, at::IntArrayRef, at::IntArrayRef))
+FASTOPS_DECLARE_CPU_KERNEL(depthwise_conv2d_backward_input,
+                           at::Tensor(const at::Tensor&, const at::Tensor&, c10::SymIntArrayRef, at::IntArrayRef,
+                                      at::IntArrayRef, at::IntArrayRef, bool))
+FASTOPS_DECLARE_CPU_KERNEL(depthwise_conv2d_backward_weight,
+                           std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, at::IntArrayRef,
+                                                              at::IntArrayRef, at::IntArrayRef, at::IntArrayRef))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // depthwise_conv2d: F.conv2d(x, w, b, stride, padding, dilation, groups=C); padding is
@@ -105,4 +117,10 @@ TORCH_LIBRARY_IMPL(fastops, AutocastCPU, m) {
 
 TORCH_LIBRARY_IMPL(fastops, AutocastCUDA, m) {
   m.impl("depthwise_conv2d", fastops::autocast::in_autocast_dtype<c10::DeviceType::CUDA>());
+}
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("depthwise_conv2d", FASTOPS_CPU_KERNEL(depthwise_conv2d));
+  m.impl("depthwise_conv2d_backward_input", FASTOPS_CPU_KERNEL(depthwise_conv2d_backward_input));
+  m.impl("depthwise_conv2d_backward_weight", FASTOPS_CPU_KERNEL(depthwise_conv2d_backward_weight));
 }

@@ -17,6 +17,7 @@
 #include <fastops/autocast.h>
 #include <fastops/autograd.h>
 #include <fastops/checks.h>
+#include <fastops/cpu_capability.h>
 #include <fastops/depthwise_ops.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -24,6 +25,12 @@
 #include <optional>
 #include <tuple>
 #include <vector>
+
+// The CPU kernels (cpu/depthwise_separable_conv2d.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(depthwise_separable_conv2d,
+                           at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                      const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+                                      at::IntArrayRef, at::IntArrayRef))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // depthwise_separable_conv2d: depthwise (groups=C) then 1x1 conv, fused on the CPU (NHWC tiles,
@@ -148,4 +155,8 @@ at::Tensor depthwise_separable_conv2d_cuda_refused(const at::Tensor& x, const at
 
 TORCH_LIBRARY_IMPL(fastops, CUDA, m) {
   m.impl("depthwise_separable_conv2d", &fastops::depthwise_separable_conv2d_cuda_refused);
+}
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("depthwise_separable_conv2d", FASTOPS_CPU_KERNEL(depthwise_separable_conv2d));
 }

@@ -16,14 +16,23 @@
 #include <ATen/ops/rsub.h>
 #include <ATen/ops/sigmoid.h>
 #include <fastops/autograd.h>
+#include <fastops/cpu_capability.h>
 #include <fastops/gelu_math.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
+
+// The CPU kernels (cpu/gelu.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(gelu, at::Tensor(const at::Tensor&, std::string_view))
+FASTOPS_DECLARE_CPU_KERNEL(gelu_backward, at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view))
+FASTOPS_DECLARE_CPU_KERNEL(bias_gelu, at::Tensor(const at::Tensor&, const at::Tensor&, std::string_view))
+FASTOPS_DECLARE_CPU_KERNEL(bias_gelu_backward, std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                                  const at::Tensor&, std::string_view))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // gelu: gelu(x) and gelu(x + bias), approximate "none" (erf) or "tanh"; fastops/ops/gelu.py
@@ -196,4 +205,11 @@ TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
   m.impl("bias_gelu", &fastops::bias_gelu_autograd);
   m.impl("gelu_backward", &fastops::gelu_backward_autograd);
   m.impl("bias_gelu_backward", &fastops::bias_gelu_backward_autograd);
+}
+
+TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("gelu", FASTOPS_CPU_KERNEL(gelu));
+  m.impl("gelu_backward", FASTOPS_CPU_KERNEL(gelu_backward));
+  m.impl("bias_gelu", FASTOPS_CPU_KERNEL(bias_gelu));
+  m.impl("bias_gelu_backward", FASTOPS_CPU_KERNEL(bias_gelu_backward));
 }

@@ -3,6 +3,7 @@
 // TORCH_LIBRARY_FRAGMENT); its kernels register themselves per device in cpu/<op>.cpp and
 // cuda/<op>.cu, and Python adds only the fake kernels, in fastops/ops/<op>.py.
 #include <Python.h>
+#include <fastops/cpu_capability.h>
 #include <torch/library.h>
 
 #include <string>
@@ -41,7 +42,8 @@ std::string cuda_build_info();  // csrc/cuda/build_info.cu
 
 // "key=value;..." describing how this binary was compiled; parsed by fastops/info.py.
 std::string build_info() {
-  std::string info = "cpu_capability=" FASTOPS_STRINGIFY(CPU_CAPABILITY);
+  std::string info = std::string("cpu_capability=") + cpu::capability_name(cpu::running_capability()) +
+                     ";cpu_capabilities_built=" + cpu::built_capabilities();
 #ifdef FASTOPS_WITH_CUDA
   info += ";cuda=1;" + cuda_build_info();
 #else

@@ -38,6 +38,7 @@
 #include <c10/core/DispatchKeySet.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <fastops/autograd.h>
+#include <fastops/cpu_capability.h>
 #include <fastops/op_handle.h>
 #include <fastops/squeeze_excite.h>
 #include <torch/autograd.h>
@@ -50,6 +51,13 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+// The CPU kernels (cpu/squeeze_excite.cpp), one per ISA level; the running level's are registered below.
+FASTOPS_DECLARE_CPU_KERNEL(squeeze_excite_pool, at::Tensor(const at::Tensor&))
+FASTOPS_DECLARE_CPU_KERNEL(squeeze_excite_scale, at::Tensor(const at::Tensor&, const at::Tensor&))
+FASTOPS_DECLARE_CPU_KERNEL(squeeze_excite_backward_reduce, at::Tensor(const at::Tensor&, const at::Tensor&))
+FASTOPS_DECLARE_CPU_KERNEL(squeeze_excite_backward_input,
+                           at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&))
 
 TORCH_LIBRARY_FRAGMENT(fastops, m) {
   // squeeze_excite: the memory passes of an SE block x * gate(fc2(act(fc1(mean_hw(x))))); the FCs between
@@ -106,12 +114,13 @@ struct BlockGuard {
 
 at::Tensor in_dtype(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
 
-// x W^T (+ b), as F.linear computes it for 2-D x: our FC kernel where cpu::se_fc_applies, else ATen.
+// x W^T (+ b), as F.linear computes it for 2-D x: our FC kernel where se_fc_applies, else ATen.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                   at::ScalarType dtype) {
   const bool has_bias = bias.has_value() && bias->defined();
-  if (cpu::se_fc_applies(x)) {
-    return cpu::se_fc_forward(x, in_dtype(weight, dtype), has_bias ? in_dtype(*bias, dtype) : at::Tensor());
+  if (FASTOPS_CPU_KERNEL(se_fc_applies)(x)) {
+    return FASTOPS_CPU_KERNEL(se_fc_forward)(x, in_dtype(weight, dtype),
+                                             has_bias ? in_dtype(*bias, dtype) : at::Tensor());
   }
   const at::Tensor w = in_dtype(weight, dtype).t();
   if (has_bias) return at::addmm(in_dtype(*bias, dtype), x, w);
@@ -121,7 +130,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 // The FC's backward without its bias: (input_grad ? grad W : undefined, grad^T x).
 std::tuple<at::Tensor, at::Tensor> linear_backward(const at::Tensor& grad, const at::Tensor& x,
                                                    const at::Tensor& weight, at::ScalarType dtype, bool input_grad) {
-  if (cpu::se_fc_applies(x)) return cpu::se_fc_backward(grad, x, in_dtype(weight, dtype), input_grad);
+  if (FASTOPS_CPU_KERNEL(se_fc_applies)(x))
+    return FASTOPS_CPU_KERNEL(se_fc_backward)(grad, x, in_dtype(weight, dtype), input_grad);
   return {input_grad ? at::mm(grad, in_dtype(weight, dtype)) : at::Tensor(), at::mm(grad.t(), x)};
 }
 
@@ -477,6 +487,10 @@ TORCH_LIBRARY_IMPL(fastops, Autograd, m) {
 }
 
 TORCH_LIBRARY_IMPL(fastops, CPU, m) {
+  m.impl("squeeze_excite_pool", FASTOPS_CPU_KERNEL(squeeze_excite_pool));
+  m.impl("squeeze_excite_scale", FASTOPS_CPU_KERNEL(squeeze_excite_scale));
+  m.impl("squeeze_excite_backward_reduce", FASTOPS_CPU_KERNEL(squeeze_excite_backward_reduce));
+  m.impl("squeeze_excite_backward_input", FASTOPS_CPU_KERNEL(squeeze_excite_backward_input));
   m.impl("squeeze_excite", &fastops::squeeze_excite_no_autograd);
   m.impl("squeeze_excite_forward", &fastops::squeeze_excite_forward);
   m.impl("squeeze_excite_backward", &fastops::squeeze_excite_backward);

@@ -6,8 +6,10 @@ load it by path before the package exists.
 Knobs (environment variables):
   FASTOPS_CUDA=0|1            force the CUDA kernels off/on (default: on when torch is a CUDA build
                               and nvcc is found; CUDA_HOME defaults to /usr/local/cuda).
-  FASTOPS_CPU_CAPABILITY      default | avx2 | avx512 — the x86 vector ISA the CPU kernels target
-                              (default: the best the building machine supports).
+  FASTOPS_CPU_CAPABILITIES    the x86 vector ISA levels to compile the CPU kernels for, comma-separated
+                              (default,avx2,avx512 on x86-64, default elsewhere; default is always built).
+                              Which of them runs is chosen when the library loads: the best the CPU
+                              supports, or the one FASTOPS_CPU_CAPABILITY names (a run-time setting).
   TORCH_CUDA_ARCH_LIST        CUDA archs for setup.py builds (default "8.0;9.0"); JIT builds target
                               the visible GPU when it is unset.
   MAX_JOBS                    parallel compile jobs (default: bounded by cores and by RAM).
@@ -15,9 +17,12 @@ Knobs (environment variables):
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,6 +32,9 @@ DEFAULT_CUDA_ARCH_LIST = "8.0;9.0"
 # cc1plus on ATen headers peaks near 1.5 GiB, nvcc higher: budget 2 GiB a job.
 _GIB_PER_COMPILE_JOB = 2.0
 
+# The CPU kernels' ISA levels, worst first (csrc/include/fastops/cpu_capability.h). DEFAULT takes no
+# x86 flag, so it builds for any architecture.
+CPU_CAPABILITIES = ("default", "avx2", "avx512")
 _CAPABILITY_FLAGS = {
     "default": ["-DCPU_CAPABILITY=DEFAULT", "-DCPU_CAPABILITY_DEFAULT"],
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
@@ -41,7 +49,7 @@ _CAPABILITY_FLAGS = {
         "-DCPU_CAPABILITY_AVX512",
     ],
 }
-# The /proc/cpuinfo flags each capability needs at run time.
+# The /proc/cpuinfo flags each capability needs at run time (csrc/cpu_capability.cpp asks CPUID the same).
 CAPABILITY_CPU_FLAGS = {
     "default": set(),
     "avx2": {"avx2", "fma", "f16c"},
@@ -61,22 +69,43 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def cpu_capability() -> str:
-    """The CPU vector ISA to compile for: FASTOPS_CPU_CAPABILITY, else the best this CPU has."""
-    requested = os.environ.get("FASTOPS_CPU_CAPABILITY", "").strip().lower()
+def _is_x86_64() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _parse_capability(value: str, variable: str) -> str:
+    capability = value.strip().lower()
+    if capability not in CPU_CAPABILITIES:
+        raise ValueError(f"fastops: {variable}={value!r}; expected one of {list(CPU_CAPABILITIES)}")
+    return capability
+
+
+def capabilities_to_build() -> list[str]:
+    """The ISA levels to compile the CPU kernels for, worst first: FASTOPS_CPU_CAPABILITIES, else every
+    level on x86-64 and DEFAULT elsewhere. DEFAULT is always among them: it runs where no other can."""
+    requested = os.environ.get("FASTOPS_CPU_CAPABILITIES", "").strip()
     if requested:
-        if requested not in _CAPABILITY_FLAGS:
+        chosen = {_parse_capability(c, "FASTOPS_CPU_CAPABILITIES") for c in requested.split(",") if c.strip()}
+        if chosen - {"default"} and not _is_x86_64():
             raise ValueError(
-                f"fastops: FASTOPS_CPU_CAPABILITY={requested!r}; expected one of {sorted(_CAPABILITY_FLAGS)}"
+                f"fastops: FASTOPS_CPU_CAPABILITIES={requested!r} names x86 levels, but this is {platform.machine()}"
             )
-        return requested
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return [c for c in CPU_CAPABILITIES if c in chosen or c == "default"]
+    return list(CPU_CAPABILITIES) if _is_x86_64() else ["default"]
+
+
+def requested_cpu_capability() -> str | None:
+    """The level FASTOPS_CPU_CAPABILITY forces at run time, or None (the best the CPU supports)."""
+    value = os.environ.get("FASTOPS_CPU_CAPABILITY", "")
+    return _parse_capability(value, "FASTOPS_CPU_CAPABILITY") if value.strip() else None
+
+
+def best_cpu_capability(built: list[str]) -> str:
+    """The best of `built` this CPU supports (csrc/cpu_capability.cpp makes the same choice)."""
+    if not _is_x86_64():
         return "default"
     flags = cpu_flags()
-    for capability in ("avx512", "avx2"):
-        if CAPABILITY_CPU_FLAGS[capability] <= flags:
-            return capability
-    return "default"
+    return [c for c in CPU_CAPABILITIES if c in built and CAPABILITY_CPU_FLAGS[c] <= flags][-1]
 
 
 def find_cuda_home() -> str | None:
@@ -127,25 +156,56 @@ def default_max_jobs() -> int:
 
 
 def sources(with_cuda: bool, root: Path = CSRC_DIR) -> list[str]:
-    """Every translation unit: the device-neutral files (the schemas, the autocast kernels), the CPU
-    kernels and, with CUDA, the .cu files."""
-    files = [*sorted(root.glob("*.cpp")), *sorted((root / "cpu").glob("*.cpp"))]
+    """The translation units compiled once: the device-neutral files (the schemas, autograd, autocast,
+    the registration of every kernel) and, with CUDA, the .cu files."""
+    files = sorted(root.glob("*.cpp"))
     if with_cuda:
         files += sorted((root / "cuda").glob("*.cu"))
     return [str(f) for f in files]
+
+
+def cpu_kernel_sources(root: Path = CSRC_DIR) -> list[str]:
+    """The CPU kernels' translation units, compiled once per ISA level (capability_cxx_flags)."""
+    return [str(f) for f in sorted((root / "cpu").glob("*.cpp"))]
 
 
 def include_dirs(root: Path = CSRC_DIR) -> list[str]:
     return [str(root / "include")]
 
 
-def cxx_flags(with_cuda: bool, capability: str) -> list[str]:
+@functools.cache
+def openmp_flags() -> list[str]:
+    """-fopenmp where the C++ compiler takes it (GCC, LLVM clang with libomp), else nothing (Apple clang
+    refuses it): without it at::parallel_for silently runs on one thread, which is slower but correct."""
+    compiler = os.environ.get("CXX", "c++")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp, "omp.cpp")
+        source.write_text("#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n")
+        try:
+            probe = subprocess.run(
+                [*compiler.split(), "-fopenmp", str(source), "-o", str(Path(tmp, "omp"))],
+                capture_output=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+    return ["-fopenmp"] if probe.returncode == 0 else []
+
+
+def cxx_flags(with_cuda: bool, built_capabilities: list[str]) -> list[str]:
+    """The flags of every C++ translation unit; a CPU kernel's add capability_cxx_flags(level). The
+    code compiled once learns which levels exist from FASTOPS_CPU_BUILT_<LEVEL>."""
     # No -std: torch.utils.cpp_extension adds the standard the installed torch needs (C++20 from 2.14).
-    # -fopenmp: without it at::parallel_for silently runs on one thread.
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", *_CAPABILITY_FLAGS[capability]]
+    flags = ["-O3", *openmp_flags(), "-fno-math-errno"]
+    flags += [f"-DFASTOPS_CPU_BUILT_{c.upper()}" for c in built_capabilities if c != "default"]
     if with_cuda:
         flags.append("-DFASTOPS_WITH_CUDA")
     return flags
+
+
+def capability_cxx_flags(capability: str) -> list[str]:
+    """What a CPU kernel's translation unit adds for one ISA level: the -m flags and CPU_CAPABILITY."""
+    return list(_CAPABILITY_FLAGS[capability])
 
 
 def nvcc_flags() -> list[str]:
@@ -154,7 +214,7 @@ def nvcc_flags() -> list[str]:
 
 
 def ld_flags() -> list[str]:
-    return ["-fopenmp"]
+    return openmp_flags()
 
 
 def torch_identity() -> dict[str, str | bool | None]:

@@ -18,6 +18,13 @@ def _one_of(*values: str) -> Callable[[str], str | None]:
     return check
 
 
+def _levels(value: str) -> str | None:
+    names = [c.strip().lower() for c in value.split(",") if c.strip()]
+    if names and all(c in ("default", "avx2", "avx512") for c in names):
+        return None
+    return "expected a comma-separated list of default, avx2, avx512"
+
+
 def _directory(value: str) -> str | None:
     if not value.strip():
         return "expected a directory path, got an empty value"
@@ -34,7 +41,14 @@ KNOWN: dict[str, tuple[str, Callable[[str], str | None]]] = {
     "FASTOPS_CACHE_DIR": ("where measured kernel choices are kept", _directory),
     "FASTOPS_JIT": ("1: compile csrc/ at import", _one_of(*_FLAG)),
     "FASTOPS_CUDA": ("build the CUDA kernels (0/1)", _one_of(*_FLAG)),
-    "FASTOPS_CPU_CAPABILITY": ("the vector ISA of the CPU kernels", _one_of("default", "avx2", "avx512")),
+    "FASTOPS_CPU_CAPABILITY": (
+        "the ISA level of the CPU kernels that runs (default: the best this CPU supports)",
+        _one_of("default", "avx2", "avx512"),
+    ),
+    "FASTOPS_CPU_CAPABILITIES": (
+        "the ISA levels to compile the CPU kernels for (build time), comma-separated",
+        _levels,
+    ),
     "FASTOPS_AVX512_BF16": ("0: round bf16 through at::vec instead of the instruction", _one_of(*_FLAG)),
     "FASTOPS_VERBOSE_BUILD": ("1: show the compiler's commands", _one_of(*_FLAG)),
     # The test suite's and the benchmarks' own.

@@ -1,9 +1,15 @@
 """Finds the compiled kernels (fastops._C) or JIT-builds them from csrc/.
 
 Order: with FASTOPS_JIT=1 always JIT; otherwise import the prebuilt fastops._C, and if there is
-none but csrc/ is next to the package (a source checkout), JIT-build it. JIT builds are cached per
-torch version, Python version, CUDA on/off and CPU ISA under $TORCH_EXTENSIONS_DIR (default
-~/.cache/torch_extensions), so a second import loads in well under a second.
+none but csrc/ is next to the package (a source checkout), JIT-build it. A JIT build is setup.py's
+build of fastops._C (`setup.py build_ext`, the same per-ISA-level compilation), made into a cache
+directory per torch version, Python version, CUDA on/off and set of CPU ISA levels under
+$TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions); it is rerun only when a source is newer
+than the library, so a second import loads in well under a second.
+
+The library holds the CPU kernels for several ISA levels and runs the best one the CPU supports, or
+the one FASTOPS_CPU_CAPABILITY names; a forced level the library lacks, or the CPU cannot run, is an
+error here, before the library is loaded.
 
 A prebuilt fastops._C compiled against another torch is never loaded: the dynamic linker would
 answer with a missing C++ symbol (or, worse, load it). Its recorded torch (_compiled.json) is
@@ -19,7 +25,9 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import urllib.parse
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -35,25 +43,58 @@ COMPILED_CONFIG = _build.PACKAGE_DIR / "_compiled.json"
 class LoadedExtension:
     mode: str  # "prebuilt" or "jit"
     path: str
-    cpu_capability: str
+    cpu_capability: str  # the ISA level of the CPU kernels that run
     with_cuda: bool
     details: dict[str, str] = field(default_factory=dict)
     module: ModuleType | None = field(default=None, repr=False)  # the library as a Python module
     # The torch the kernels were compiled against: the running one for a JIT build, the recorded one
     # for a prebuilt library (None where the build recorded none).
     built_for_torch: str | None = None
+    # The ISA levels the library holds CPU kernels for, worst first.
+    cpu_capabilities_built: list[str] = field(default_factory=list)
 
 
 _loaded: LoadedExtension | None = None
 
 
-def _check_cpu_supports(capability: str, where: str) -> None:
-    missing = _build.CAPABILITY_CPU_FLAGS.get(capability, set()) - _build.cpu_flags()
-    if _build.cpu_flags() and missing:
+def _check_requested_capability(built: list[str], where: str) -> None:
+    """A level forced by FASTOPS_CPU_CAPABILITY must be in the library and runnable on this CPU: raise
+    before loading (the library's own choice cannot raise, and would fall back to another level)."""
+    requested = _build.requested_cpu_capability()
+    if requested is None:
+        return
+    if requested not in built:
         raise RuntimeError(
-            f"fastops: {where} was compiled for the {capability} CPU ISA, but this CPU lacks "
-            f"{sorted(missing)}. Rebuild with FASTOPS_CPU_CAPABILITY=avx2 (or default)."
+            f"fastops: FASTOPS_CPU_CAPABILITY={requested}, but {where} holds the CPU kernels for "
+            f"{', '.join(built)} only. Unset it, or rebuild with FASTOPS_CPU_CAPABILITIES including {requested}."
         )
+    flags = _build.cpu_flags()
+    missing = _build.CAPABILITY_CPU_FLAGS[requested] - flags
+    if flags and missing:
+        raise RuntimeError(
+            f"fastops: FASTOPS_CPU_CAPABILITY={requested}, but this CPU lacks {sorted(missing)}. Unset it: "
+            f"the best level this CPU supports ({_build.best_cpu_capability(built)}) runs by default."
+        )
+
+
+def _jit_arch_list() -> str | None:
+    """The visible GPUs' archs, for a JIT build with CUDA when TORCH_CUDA_ARCH_LIST is unset."""
+    import torch
+
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or not torch.cuda.is_available():
+        return None
+    archs = {
+        ".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(torch.cuda.device_count())
+    }
+    return ";".join(sorted(archs))
+
+
+def _import_library(name: str, library: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, library)
+    assert spec is not None and spec.loader is not None, library
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # registers the ops
+    return module
 
 
 def _jit_build() -> LoadedExtension:
@@ -66,7 +107,7 @@ def _jit_build() -> LoadedExtension:
             "(JIT works from a source checkout or an editable install)"
         )
     compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
+    if shutil.which(compiler.split()[0]) is None:
         raise RuntimeError(
             f"fastops: no C++ compiler ({compiler!r}) on PATH, needed to compile the kernels. "
             "Install one (Debian/Ubuntu: apt-get install g++; conda: conda install gxx) or set CXX."
@@ -78,43 +119,53 @@ def _jit_build() -> LoadedExtension:
     with_cuda = _build.want_cuda(torch.version.cuda) and (
         os.environ.get("FASTOPS_CUDA") == "1" or torch.cuda.is_available()
     )
-    capability = _build.cpu_capability()
-    _check_cpu_supports(capability, "the JIT build")
+    capabilities = _build.capabilities_to_build()
+    _check_requested_capability(capabilities, "the JIT build")
     tag = "cuda" if with_cuda else "cpu"
     version = torch.__version__.replace("+", "_")
-    name = f"fastops_jit_{tag}_{capability}"
+    name = f"fastops_jit_{tag}_{'_'.join(capabilities)}"
     base = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
     # One cache per source tree too: two checkouts must not overwrite each other's objects.
     tree = hashlib.sha1(str(_build.CSRC_DIR).encode()).hexdigest()[:8]
     py = f"py{sys.version_info.major}{sys.version_info.minor}"
     build_dir = base / f"fastops-torch{version}-{py}" / f"{name}-{tree}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    library = build_dir / "lib" / "fastops" / f"_C{sysconfig.get_config_var('EXT_SUFFIX')}"
 
-    sources = _build.sources(with_cuda)
-    library = build_dir / f"{name}.so"
-    headers = [*(_build.CSRC_DIR / "include").rglob("*"), *_build.CSRC_DIR.glob("*/*.h")]
-    inputs = [Path(s) for s in sources] + headers
+    inputs = [p for p in _build.CSRC_DIR.rglob("*") if p.is_file()]
+    inputs += [_build.SOURCE_ROOT / "setup.py", _build.PACKAGE_DIR / "_build.py"]
     if not library.exists() or max(p.stat().st_mtime for p in inputs) > library.stat().st_mtime:
         print(
-            f"fastops: compiling kernels from {_build.CSRC_DIR} ({tag}, {capability}) into "
-            f"{build_dir}; this takes a few minutes the first time",
+            f"fastops: compiling kernels from {_build.CSRC_DIR} ({tag}, CPU ISA levels "
+            f"{', '.join(capabilities)}) into {build_dir}; this takes a few minutes the first time",
             file=sys.stderr,
             flush=True,
         )
-    os.environ.setdefault("MAX_JOBS", str(_build.default_max_jobs()))
-    module = cpp_extension.load(
-        name=name,
-        sources=sources,
-        extra_include_paths=_build.include_dirs(),
-        extra_cflags=_build.cxx_flags(with_cuda, capability),
-        extra_cuda_cflags=_build.nvcc_flags(),
-        extra_ldflags=_build.ld_flags(),
-        build_directory=str(build_dir),
-        is_python_module=True,  # imports it, which also registers the ops
-        verbose=os.environ.get("FASTOPS_VERBOSE_BUILD") == "1",
-    )
+        env = {**os.environ, "FASTOPS_CUDA": "1" if with_cuda else "0"}
+        arch_list = _jit_arch_list() if with_cuda else None
+        if arch_list:
+            env["TORCH_CUDA_ARCH_LIST"] = arch_list
+        command = [sys.executable, "setup.py", "build_ext", "--build-lib", str(build_dir / "lib")]
+        command += ["--build-temp", str(build_dir / "temp")]
+        verbose = os.environ.get("FASTOPS_VERBOSE_BUILD") == "1"
+        proc = subprocess.run(
+            command, cwd=_build.SOURCE_ROOT, env=env, capture_output=not verbose, text=True, check=False
+        )
+        if proc.returncode != 0:
+            output = "" if verbose else (proc.stdout + proc.stderr)[-6000:]
+            raise RuntimeError(f"fastops: the JIT build failed ({' '.join(command)}):\n{output}")
+        # setuptools leaves an up-to-date library untouched (an edit to a file it does not build, a
+        # .cu in a CPU build): mark it current so the next import does not run the build again.
+        os.utime(library)
+    module = _import_library("fastops._C", library)
     return LoadedExtension(
-        "jit", str(library), capability, with_cuda, built_for_torch=torch.__version__, module=module
+        "jit",
+        str(library),
+        "unknown",
+        with_cuda,
+        built_for_torch=torch.__version__,
+        module=module,
+        cpu_capabilities_built=capabilities,
     )
 
 
@@ -219,7 +270,7 @@ def _import_prebuilt() -> LoadedExtension | None:
                 _jit_instead(library, f"was built against torch {built}, torch {running} is running")
                 return None
             raise _wrong_torch_error(library, built, running)
-        _check_cpu_supports(config.get("cpu_capability", "default"), "fastops._C")
+        _check_requested_capability(_recorded_capabilities(config), "fastops._C")
     try:
         module = _load_library()
     except (ImportError, OSError) as e:
@@ -237,11 +288,17 @@ def _import_prebuilt() -> LoadedExtension | None:
     return LoadedExtension(
         "prebuilt",
         str(module.__file__),
-        config.get("cpu_capability", "unknown"),
+        "unknown",
         bool(config.get("with_cuda", False)),
         module=module,
         built_for_torch=config.get("torch"),
+        cpu_capabilities_built=_recorded_capabilities(config),
     )
+
+
+def _recorded_capabilities(config: dict) -> list[str]:
+    # A library from before run-time ISA dispatch recorded the one level it was compiled for.
+    return list(config.get("cpu_capabilities_built") or [config.get("cpu_capability", "default")])
 
 
 def load() -> LoadedExtension:
@@ -265,5 +322,13 @@ def load() -> LoadedExtension:
     info = dict(item.split("=", 1) for item in torch.ops.fastops._build_info().split(";") if "=" in item)
     _loaded.details = info
     _loaded.cpu_capability = info.get("cpu_capability", _loaded.cpu_capability).lower()
+    if "cpu_capabilities_built" in info:
+        _loaded.cpu_capabilities_built = info["cpu_capabilities_built"].split(",")
+    requested = _build.requested_cpu_capability()
+    if requested is not None and _loaded.cpu_capability != requested:
+        raise RuntimeError(
+            f"fastops: FASTOPS_CPU_CAPABILITY={requested}, but the library runs its {_loaded.cpu_capability} "
+            f"CPU kernels ({_loaded.path})"
+        )
     _loaded.with_cuda = info.get("cuda") == "1"
     return _loaded

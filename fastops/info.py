@@ -46,7 +46,9 @@ def report() -> str:
         # Side by side, so a report shows at once whether the library was built for this torch.
         f"  compiled against torch {ext.built_for_torch or 'unknown (not recorded)'}, running torch "
         f"{torch.__version__}",
-        f"  CPU kernels: {ext.cpu_capability} vector ISA; torch CPU capability "
+        # The level that runs is chosen at load (the best this CPU supports, or FASTOPS_CPU_CAPABILITY).
+        f"  CPU kernels: {ext.cpu_capability} ISA level running (built: "
+        f"{', '.join(ext.cpu_capabilities_built) or 'unknown'}); torch CPU capability "
         f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads",
     ]
     if ext.with_cuda:

@@ -90,18 +90,6 @@ def test_forcing_cuda_on_cpu_torch_is_an_error(monkeypatch: pytest.MonkeyPatch) 
         _build.want_cuda(None)
 
 
-def test_bad_cpu_capability(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FASTOPS_CPU_CAPABILITY", "sse9")
-    with pytest.raises(ValueError, match="FASTOPS_CPU_CAPABILITY"):
-        _build.cpu_capability()
-
-
-def test_cpu_isa_mismatch_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_build, "cpu_flags", lambda: {"sse2", "avx"})
-    with pytest.raises(RuntimeError, match="lacks .*FASTOPS_CPU_CAPABILITY=avx2"):
-        _extension._check_cpu_supports("avx512", "fastops._C")
-
-
 def test_default_max_jobs_is_bounded() -> None:
     jobs = _build.default_max_jobs()
     assert 1 <= jobs <= (os.cpu_count() or 1)
@@ -118,7 +106,7 @@ LINKER_ERROR = (
 
 def _record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **changes: object) -> None:
     """Points the loader at a _compiled.json recording the running torch, with `changes` made to it."""
-    config = {"cpu_capability": "default", "with_cuda": False, **_build.torch_identity(), **changes}
+    config = {"cpu_capabilities_built": ["default"], "with_cuda": False, **_build.torch_identity(), **changes}
     path = tmp_path / "_compiled.json"
     path.write_text(json.dumps(config))
     monkeypatch.setattr(_extension, "COMPILED_CONFIG", path)

@@ -140,9 +140,10 @@ def test_csrc_holds_no_file_of_several_ops() -> None:
     """Each op's schemas, autograd and autocast sit in its csrc/<op>_op.cpp, not in a shared file."""
     ops = set(_ops())
     top = {p.name for p in (PACKAGE.parent / "csrc").glob("*.cpp")}
-    # Beside them only machinery: the library and its Python module, the tuner's call key, and the
-    # typed errors of the checks.
-    assert top == {f"{op}_op.cpp" for op in ops} | {"registration.cpp", "tuner.cpp", "errors.cpp"}
+    # Beside them only machinery: the library and its Python module, the tuner's call key, the
+    # typed errors of the checks, and the choice of the CPU kernels' ISA level.
+    machinery = {"registration.cpp", "tuner.cpp", "errors.cpp", "cpu_capability.cpp"}
+    assert top == {f"{op}_op.cpp" for op in ops} | machinery
 
 
 def test_ops_register_their_autograd_and_autocast_in_csrc() -> None:

@@ -41,6 +41,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 // Rows of a reduction block: about 16384 elements (64 KiB of fp32, read again from L2 by the second
@@ -356,6 +357,8 @@ void normalize(T* y, const T* x, const BatchNormShape& s, const opmath_t<T>* sca
   });
 }
 
+}  // namespace
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::Tensor& x_in,
                                                                       const std::optional<at::Tensor>& weight,
                                                                       const std::optional<at::Tensor>& bias,
@@ -408,6 +411,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm(const at::
   return {y, mean, invstd, unbiased};
 }
 
+namespace {
+
+// g - mean_dy - xm * k, which cancels to a small fraction of g (two elements per channel: to rounding
+// noise). With an FMA the product is not rounded. At the DEFAULT level at::vec's fmadd rounds it, an
+// error of half an ulp of g that the float32 contract bound (1e-5) does not leave room for: the
+// rounding is taken back with the product's exact low part (Dekker's product, Veltkamp's split).
+template <typename V>
+inline V centered_grad(const V& g, const V& xm, const V& k, const V& mean_dy) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return g - at::vec::fmadd(xm, k, mean_dy);
+#else
+  using S = typename V::value_type;
+  const V split(static_cast<S>(std::is_same_v<S, double> ? 134217729.0 : 4097.0));  // 2^(p/2) + 1
+  const V p = xm * k;
+  const V ca = xm * split, cb = k * split;
+  const V ah = ca - (ca - xm), bh = cb - (cb - k);
+  const V al = xm - ah, bl = k - bh;
+  const V p_low = (((ah * bh - p) + ah * bl) + al * bh) + al * bl;  // xm * k - p, exactly
+  return ((g - mean_dy) - p) - p_low;
+#endif
+}
+
 // dx = (g - mean_dy - (x - mean) * k) * a per channel (k = 0, mean_dy = 0 in eval).
 template <typename T>
 struct InputGradFactors {
@@ -423,7 +448,7 @@ inline void plane_input_grad(T* dx, const T* g, const T* x, int64_t len, opmath_
   using MVec = OpmathVec<T>;
   const MVec mv(mean), dyv(mean_dy), kv(k), av(a);
   write_lanes<T>(dx, len, [&](int64_t i, int64_t n) {
-    return (load_lanes<T>(g + i, n) - at::vec::fmadd(load_lanes<T>(x + i, n) - mv, kv, dyv)) * av;
+    return centered_grad(load_lanes<T>(g + i, n), load_lanes<T>(x + i, n) - mv, kv, dyv) * av;
   });
 }
 
@@ -432,10 +457,12 @@ inline void row_input_grad(T* dx, const T* g, const T* x, int64_t C, const Input
   using MVec = OpmathVec<T>;
   write_lanes<T>(dx, C, [&](int64_t j, int64_t n) {
     const MVec xm = load_lanes<T>(x + j, n) - MVec::loadu(f.mean + j, n);
-    return (load_lanes<T>(g + j, n) - at::vec::fmadd(xm, MVec::loadu(f.k + j, n), MVec::loadu(f.mean_dy + j, n))) *
+    return centered_grad(load_lanes<T>(g + j, n), xm, MVec::loadu(f.k + j, n), MVec::loadu(f.mean_dy + j, n)) *
            MVec::loadu(f.a + j, n);
   });
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                                    const std::optional<at::Tensor>& weight,
@@ -540,10 +567,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward(const at::Ten
   return {dx, dweight, dbias};
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("batch_norm", &fastops::cpu::batch_norm);
-  m.impl("batch_norm_backward", &fastops::cpu::batch_norm_backward);
-}

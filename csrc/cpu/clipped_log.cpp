@@ -12,8 +12,7 @@
 #include <torch/library.h>
 
 namespace fastops::cpu {
-namespace {
-
+inline namespace CPU_CAPABILITY {
 at::Tensor clipped_log(const at::Tensor& x_in, double eps, bool /*straight_through*/) {
   check_floating("clipped_log", "x", x_in);
   check_positive_fits_compute_type("clipped_log", "eps", eps, x_in);
@@ -59,10 +58,5 @@ at::Tensor clipped_log_backward(const at::Tensor& grad_in, const at::Tensor& x_i
   return dx;
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("clipped_log", &fastops::cpu::clipped_log);
-  m.impl("clipped_log_backward", &fastops::cpu::clipped_log_backward);
-}

@@ -27,6 +27,7 @@
 #include <tuple>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 constexpr const char* kOp = "depthwise_conv2d";
@@ -35,6 +36,8 @@ template <typename T>
 DepthwiseLayoutKernels<T> layout_kernels(bool channels_last) {
   return channels_last ? nhwc_kernels<T>() : nchw_kernels<T>();
 }
+
+}  // namespace
 
 at::Tensor depthwise_conv2d(const at::Tensor& x_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {
@@ -101,11 +104,5 @@ std::tuple<at::Tensor, at::Tensor> depthwise_conv2d_backward_weight(const at::Te
   return {dw, db};
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("depthwise_conv2d", &fastops::cpu::depthwise_conv2d);
-  m.impl("depthwise_conv2d_backward_input", &fastops::cpu::depthwise_conv2d_backward_input);
-  m.impl("depthwise_conv2d_backward_weight", &fastops::cpu::depthwise_conv2d_backward_weight);
-}

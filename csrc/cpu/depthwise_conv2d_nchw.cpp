@@ -32,7 +32,9 @@
 
 #include "depthwise_conv2d_nchw.h"
 
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 namespace {
 
 // out[q] = init + sum_t w[t] * src[t][q] for q in [0, n); n is rounded up to whole vectors, so
@@ -409,9 +411,12 @@ at::Tensor weight_partials(const at::Tensor& go, const at::Tensor& x, const Dept
 
 }  // namespace
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 
 template <typename T>
 DepthwiseLayoutKernels<T> nchw_kernels() {
@@ -423,4 +428,5 @@ template DepthwiseLayoutKernels<double> nchw_kernels<double>();
 template DepthwiseLayoutKernels<c10::Half> nchw_kernels<c10::Half>();
 template DepthwiseLayoutKernels<c10::BFloat16> nchw_kernels<c10::BFloat16>();
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

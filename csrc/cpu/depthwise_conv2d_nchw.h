@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 
 // The three passes, for the choice of path.
 enum class Pass { kForward, kInputGradient, kWeightGradient };
@@ -163,4 +165,6 @@ void half_conv(FastPath path, Pass pass, T* out, const T* in, const float* w, co
 template <typename T>
 void half_weight_sums(FastPath path, float* ws, const T* x, const T* go, const DepthwiseGeometry& g);
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu

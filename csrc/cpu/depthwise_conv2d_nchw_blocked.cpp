@@ -24,7 +24,9 @@
 
 #include "depthwise_conv2d_nchw.h"
 
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 namespace {
 
 struct BlockedGeom {
@@ -433,4 +435,6 @@ void blocked_wgrad(float* ws, const float* x, const float* go, const DepthwiseGe
   blocked_wgrad(ws, x, go, g.N, g.C, blocked_geom(g.H, g.W, g.OH, g.OW, g, g.pt, g.pl));
 }
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu

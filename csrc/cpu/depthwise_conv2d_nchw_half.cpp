@@ -24,7 +24,9 @@
 
 #include "depthwise_conv2d_nchw.h"
 
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 namespace {
 
 struct PlaneChunks {
@@ -140,4 +142,6 @@ template void half_weight_sums<c10::Half>(FastPath, float*, const c10::Half*, co
 template void half_weight_sums<c10::BFloat16>(FastPath, float*, const c10::BFloat16*, const c10::BFloat16*,
                                               const DepthwiseGeometry&);
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu

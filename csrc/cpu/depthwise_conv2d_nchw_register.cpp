@@ -1,4 +1,4 @@
-// depthwise_conv2d's NCHW fp32 kernels for small planes held in registers (AVX-512 builds only; where
+// depthwise_conv2d's NCHW fp32 kernels for small planes held in registers (the AVX-512 level only; where
 // they run: use_register_plane below, fast_path in depthwise_conv2d_nchw.cpp).
 //
 // fp32 3x3 kernels on rows to 16 wide, and wider kernels' weight gradient on rows over 8 wide
@@ -32,7 +32,9 @@
 #include "depthwise_conv2d_nchw.h"
 
 #if defined(CPU_CAPABILITY_AVX512)
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 namespace {
 
 struct RegisterTap {
@@ -450,5 +452,7 @@ void register_wgrad(float* ws, const float* x, const float* go, const DepthwiseG
   register_wgrad(ws, x, go, g.N, g.C, register_conv_plan(g, false));
 }
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu
 #endif

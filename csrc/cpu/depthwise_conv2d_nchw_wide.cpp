@@ -1,4 +1,4 @@
-// depthwise_conv2d's NCHW fp32 kernels for 3x3 rows over 16 wide (AVX-512 and AVX2 builds; where they
+// depthwise_conv2d's NCHW fp32 kernels for 3x3 rows over 16 wide (the AVX-512 and AVX2 levels; where they
 // run: use_wide_rows below, fast_path in depthwise_conv2d_nchw.cpp).
 //
 // The planes are read as they lie (wide_conv, wide_wgrad): a tap is one unaligned load, masked at the
@@ -33,7 +33,9 @@
 #include "depthwise_conv2d_nchw.h"
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-namespace fastops::cpu::nchw {
+namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
+namespace nchw {
 namespace {
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -496,5 +498,7 @@ void wide_weight_sums(float* ws, const float* x, const float* go, const Depthwis
   if (g.sw == 2) wide_wgrad<2>(ws, x, go, g.N * g.C, plan);
 }
 
-}  // namespace fastops::cpu::nchw
+}  // namespace nchw
+}  // namespace CPU_CAPABILITY
+}  // namespace fastops::cpu
 #endif

@@ -30,6 +30,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 // ---- register blocks of the forward and the input gradient ---------------------------------------
@@ -886,4 +887,5 @@ template class NhwcForwardRow<double>;
 template class NhwcForwardRow<c10::Half>;
 template class NhwcForwardRow<c10::BFloat16>;
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

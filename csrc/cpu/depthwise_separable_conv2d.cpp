@@ -34,6 +34,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 constexpr const char* kOp = "depthwise_separable_conv2d";
@@ -190,6 +191,8 @@ void forward(const at::Tensor& x, const at::Tensor& dwt, const at::Tensor& dwb, 
   });
 }
 
+}  // namespace
+
 at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& dw_weight,
                                       const std::optional<at::Tensor>& dw_bias, const at::Tensor& pw_weight,
                                       const std::optional<at::Tensor>& pw_bias, at::IntArrayRef stride,
@@ -217,7 +220,5 @@ at::Tensor depthwise_separable_conv2d(const at::Tensor& x_in, const at::Tensor& 
   return y;
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) { m.impl("depthwise_separable_conv2d", &fastops::cpu::depthwise_separable_conv2d); }

@@ -30,6 +30,7 @@
 #include <algorithm>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 using adam::Decay;
@@ -215,6 +216,8 @@ void run_dtype(const adam::Work& w, const std::vector<size_t>& idx, const adam::
   });
 }
 
+}  // namespace
+
 void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                  at::TensorList max_exp_avg_sqs, at::TensorList steps, const std::optional<at::Tensor>& lr_tensor,
                  double lr, double beta1, double beta2, double weight_decay, double eps, bool amsgrad, bool maximize,
@@ -253,32 +256,5 @@ void fused_adam_(at::TensorList params, at::TensorList grads, at::TensorList exp
   w.finish();
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-namespace fastops {
-namespace {
-
-// Version counters: like every in-place torch op, fused_adam_ bumps the version of each tensor it may
-// mutate, so autograd still detects "a saved tensor was modified in place" after opt.step(). (The
-// autograd fallback skips this under no_grad, where optimizers run.) Device independent: registered
-// once here, for every backend.
-void fused_adam_bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  const auto num_args = static_cast<int64_t>(op.schema().arguments().size());
-  const auto first = static_cast<int64_t>(stack->size()) - num_args;
-  for (int64_t i = 0; i < num_args; ++i) {
-    const auto* alias = op.schema().arguments()[i].alias_info();
-    if (alias == nullptr || !alias->isWrite()) continue;
-    for (const at::Tensor& t : (*stack)[first + i].toTensorList()) t.unsafeGetTensorImpl()->bump_version();
-  }
-  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
-}
-
-}  // namespace
-}  // namespace fastops
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) { m.impl("fused_adam_", &fastops::cpu::fused_adam_); }
-
-TORCH_LIBRARY_IMPL(fastops, ADInplaceOrView, m) {
-  m.impl("fused_adam_", torch::CppFunction::makeFromBoxedFunction<&fastops::fused_adam_bump_versions>());
-}

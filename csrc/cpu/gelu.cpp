@@ -31,6 +31,7 @@
 #include <tuple>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 namespace gm = fastops::gelu_math;
@@ -59,6 +60,15 @@ inline FVec tail_q(const FVec& u) {
   }
 }
 
+// c[0] + c[1] u + ... (monic: plus u^N).
+template <size_t N, bool kMonic = false>
+inline FVec horner(const std::array<float, N>& c, const FVec& u) {
+  FVec p = kMonic ? u + FVec(c[N - 1]) : at::vec::fmadd(FVec(c[N - 1]), u, FVec(c[N - 2]));
+  constexpr size_t first = kMonic ? N - 1 : N - 2;
+  for (size_t i = first; i-- > 0;) p = at::vec::fmadd(p, u, FVec(c[i]));
+  return p;
+}
+
 // fp32 math: ex = exp(-x^2/2) and q = Q(|x|), so T(|x|) = q * ex (see gelu_math.h). |x| is
 // clamped to kTailClamp first (ex is 0 beyond it), so x*x and its exact low part stay finite and
 // t stays > 0 (q is then finite and x = -inf gives -inf * q * 0 = nan, as PyTorch's gelu); NaN
@@ -69,6 +79,16 @@ inline void erf_tail_parts(const FVec& x, FVec& ex, FVec& q) {
   const FVec u = abs_min(x, FVec(gm::kTailClamp));
   q = tail_q<kAcc>(u);
   ex = gauss<kAcc>(u);
+}
+
+// k = Q(u) - u / sqrt(2 pi) = (u0 - u) r(u) for 0 <= u <= kBulkLimit: gelu_math.h's root-factored form,
+// shared with the CUDA fp16/bf16 backward. Q - u / sqrt(2 pi) written out cancels at the root u0 =
+// 0.7518 (Q's error is amplified without bound there, 7.9e-6 relative 0.01 away); u0 - u is exact
+// near it, so the gradient keeps its relative accuracy everywhere, and r, degree (3, 3), costs two
+// FMAs fewer than Q.
+inline FVec root_factored_k(const FVec& u) {
+  const FVec root_gap = (FVec(gm::kGradRoot[0]) - u) + FVec(gm::kGradRoot[1]);
+  return root_gap * (horner(gm::kGradRatioN, u) / horner<gm::kGradRatioD.size(), true>(gm::kGradRatioD, u));
 }
 
 // ---- erf form: the bulk |x| <= kBulkLimit (AVX2 / AVX-512) ----------------------------------------
@@ -129,15 +149,6 @@ constexpr std::array<float, 2> kExpPReduced = {-5.000995994e-01f, 1.244387180e-0
 #endif
 // 1.5 * 2^23: adding it rounds to an integer held in the low mantissa bits.
 constexpr float kRoundShift = 12582912.0f;
-
-// c[0] + c[1] u + ... (monic: plus u^N).
-template <size_t N, bool kMonic = false>
-inline FVec horner(const std::array<float, N>& c, const FVec& u) {
-  FVec p = kMonic ? u + FVec(c[N - 1]) : at::vec::fmadd(FVec(c[N - 1]), u, FVec(c[N - 2]));
-  constexpr size_t first = kMonic ? N - 1 : N - 2;
-  for (size_t i = first; i-- > 0;) p = at::vec::fmadd(p, u, FVec(c[i]));
-  return p;
-}
 
 // Every lane of u <= c (false for NaN).
 inline bool all_le(const FVec& u, float c) {
@@ -222,16 +233,11 @@ C10_ALWAYS_INLINE FVec bulk_gelu(const FVec& x, const FVec& u) {
 }
 
 // gelu'(x) = Phi(x) + x phi(x) = E k (x < 0) or 1 - E k (x >= 0), E = exp(-u^2/2) and
-// k = Q(u) - u / sqrt(2 pi) = (u0 - u) r(u): gelu_math.h's root-factored form, shared with the CUDA
-// fp16/bf16 backward. Q - u / sqrt(2 pi) written out cancels at the root u0 = 0.7518 (Q's error is
-// amplified without bound there, 7.9e-6 relative 0.01 away); u0 - u is exact near it, so the result
-// keeps its relative accuracy everywhere, and r, degree (3, 3), costs two FMAs fewer than Q. The
-// Gaussian only scales k and takes kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
+// k = Q(u) - u / sqrt(2 pi) = (u0 - u) r(u): root_factored_k below. The Gaussian only scales k and
+// takes kAcc (fp16/bf16 outputs: kReduced, ~1e-5).
 template <Accuracy kAcc>
 C10_ALWAYS_INLINE FVec bulk_gelu_grad(const FVec& x, const FVec& u) {
-  const FVec root_gap = (FVec(gm::kGradRoot[0]) - u) + FVec(gm::kGradRoot[1]);
-  const FVec k = root_gap * (horner(gm::kGradRatioN, u) / horner<gm::kGradRatioD.size(), true>(gm::kGradRatioD, u));
-  const FVec z = bulk_gauss<kAcc>(u) * k;
+  const FVec z = bulk_gauss<kAcc>(u) * root_factored_k(u);
   return select_negative(x, z, FVec(1.0f) - z);
 }
 #endif
@@ -281,7 +287,15 @@ struct GeluErfBackward {
     erf_tail_parts<Accuracy::kFull>(x, ex, q);  // (the deep tail: few vectors, kept full)
     const FVec tail = q * ex;
     const FVec cdf = FVec::blendv(tail, FVec(1.0f) - tail, x >= FVec(0.0f));
-    return g * at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
+    const FVec summed = at::vec::fmadd(x, ex * FVec(static_cast<float>(gm::kInvSqrt2Pi)), cdf);
+    // The sum cancels at x = -u0 (its relative error ~8e-8 / |u - u0|): lanes within 0.5 of the root
+    // take the root-factored form (every such lane at the DEFAULT level, which has no bulk path; at the
+    // others, one in a vector that also holds a tail value). Elsewhere the sum is accurate, and exact
+    // where it should be (1/2 at x = 0, where the fit of r is 2.4e-7 off).
+    const FVec u = x.abs();
+    const FVec z = ex * root_factored_k(u);
+    const FVec factored = FVec::blendv(FVec(1.0f) - z, z, x < FVec(0.0f));
+    return g * FVec::blendv(summed, factored, (u - FVec(gm::kGradRoot[0])).abs() <= FVec(0.5f));
   }
   DVec operator()(const DVec& g, const DVec& x) const {
     const DVec tail = (x.abs() * DVec(gm::kSqrtHalf)).erfc() * DVec(0.5);
@@ -329,6 +343,8 @@ struct GeluTanhBackward {
 
 // ---- gelu ---------------------------------------------------------------------------------------
 
+}  // namespace
+
 at::Tensor gelu(const at::Tensor& x_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("gelu", approximate);
   check_floating("gelu", "x", x_in);
@@ -363,6 +379,8 @@ at::Tensor gelu_backward(const at::Tensor& grad_in, const at::Tensor& x_in, std:
   });
   return dx;
 }
+
+namespace {
 
 // ---- bias_gelu ----------------------------------------------------------------------------------
 
@@ -532,6 +550,8 @@ void bias_gelu_backward_loop(T* dx, at::Tensor& grad_bias_acc, const T* grad, co
   sum_rows_in_order(partial_ptr, row_blocks, n, grad_bias_acc.data_ptr<M>());
 }
 
+}  // namespace
+
 at::Tensor bias_gelu(const at::Tensor& x_in, const at::Tensor& bias_in, std::string_view approximate) {
   const bool use_tanh = gm::parse_tanh("bias_gelu", approximate);
   gm::check_bias_args("bias_gelu", x_in, bias_in);
@@ -589,12 +609,5 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad_in,
   return {dx, grad_bias};
 }
 
-}  // namespace
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("gelu", &fastops::cpu::gelu);
-  m.impl("gelu_backward", &fastops::cpu::gelu_backward);
-  m.impl("bias_gelu", &fastops::cpu::bias_gelu);
-  m.impl("bias_gelu_backward", &fastops::cpu::bias_gelu_backward);
-}

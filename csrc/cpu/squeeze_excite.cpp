@@ -1,6 +1,6 @@
 // squeeze_excite on the CPU: the four memory passes of an SE block y = x * gate(fc2(act(fc1(mean_hw(x))))).
 // The act and gate between them run in ATen (csrc/squeeze_excite_op.cpp); the FCs too, but for a
-// small float32 batch in the AVX-512 build, which runs the FC kernels at the end of this file.
+// small float32 batch at the AVX-512 level, which runs the FC kernels at the end of this file.
 //   squeeze_excite_pool:             p[n,c]      = sum_hw x[n,c,hw] / HW
 //   squeeze_excite_scale:            y[n,c,hw]   = x[n,c,hw] * s[n,c]
 //   squeeze_excite_backward_reduce:  ds[n,c]     = sum_hw g[n,c,hw] * x[n,c,hw]
@@ -39,6 +39,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 namespace {
 
 constexpr int kUnroll = 4;
@@ -384,6 +385,8 @@ void channel_affine(T* out, const T* a, const opmath_t<T>* s, const opmath_t<T>*
   });
 }
 
+}  // namespace
+
 at::Tensor squeeze_excite_pool(const at::Tensor& x_in) {
   check_se_activation("squeeze_excite_pool", "x", x_in);
   const bool cl = use_channels_last(x_in);
@@ -466,12 +469,14 @@ at::Tensor squeeze_excite_backward_input(const at::Tensor& grad_in, const at::Te
   return dx;
 }
 
+namespace {
+
 // ---- the block's FCs: float32, a small batch, AVX-512 --------------------------------------------
 // out = in W^T + b (forward) and in_grad = g W, W_grad = g^T in (backward), for in of M <= kFcMaxRows
 // rows. MKL's sgemm on 8 rows of 576x144 takes 21-25 us with W in L2 and 36-43 us inside the block's
 // fwd+bwd, where W comes from L3 (measured on this Zen 4); these walk W once, row by row, in register
 // blocks (forward: 4 rows of `in` x 4 W rows, summed across lanes by one transposing tree; backward: 8
-// rows x 32 columns of in_grad, the weight_grad row formed in the same pass over W). The AVX2 build
+// rows x 32 columns of in_grad, the weight_grad row formed in the same pass over W). The AVX2 level
 // keeps MKL: there ours measured 0.81-0.93x its forward (git show 00da02d:benchmarks/results/squeeze_excite_cpu_fc.md).
 // Every output is summed by one task in a fixed order: bitwise the same for any thread count.
 #if defined(CPU_CAPABILITY_AVX512)
@@ -706,21 +711,15 @@ std::tuple<at::Tensor, at::Tensor> se_fc_backward(const at::Tensor& grad_in, con
   return {in_grad, weight_grad};
 }
 #else
-// AVX2 and the default build: the block keeps ATen's GEMMs.
+// The AVX2 and DEFAULT levels: the block keeps ATen's GEMMs.
 bool se_fc_applies(const at::Tensor&) { return false; }
 at::Tensor se_fc_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
-  TORCH_CHECK(false, "fastops.squeeze_excite: the small-batch FC kernels need the AVX-512 build");
+  TORCH_CHECK(false, "fastops.squeeze_excite: the small-batch FC kernels need the AVX-512 level");
 }
 std::tuple<at::Tensor, at::Tensor> se_fc_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool) {
-  TORCH_CHECK(false, "fastops.squeeze_excite: the small-batch FC kernels need the AVX-512 build");
+  TORCH_CHECK(false, "fastops.squeeze_excite: the small-batch FC kernels need the AVX-512 level");
 }
 #endif
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu
-
-TORCH_LIBRARY_IMPL(fastops, CPU, m) {
-  m.impl("squeeze_excite_pool", &fastops::cpu::squeeze_excite_pool);
-  m.impl("squeeze_excite_scale", &fastops::cpu::squeeze_excite_scale);
-  m.impl("squeeze_excite_backward_reduce", &fastops::cpu::squeeze_excite_backward_reduce);
-  m.impl("squeeze_excite_backward_input", &fastops::cpu::squeeze_excite_backward_input);
-}

@@ -16,6 +16,7 @@
 #include <tuple>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 
 // Elements per grain of at::parallel_for: large enough to amortise a task, small enough to split
 // a few-MB tensor across cores.
@@ -71,4 +72,5 @@ void elementwise(T* out, int64_t n, const Op& op, std::array<const T*, NumIn> in
   with_narrowing<T>([&](const auto narrow) { elementwise_loop<T, NumIn>(out, n, op, in, narrow); });
 }
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

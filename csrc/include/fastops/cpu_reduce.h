@@ -19,6 +19,7 @@
 #include <cstdint>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 
 // out[j] = rows[0][j] + rows[1][j] + ... + rows[count - 1][j] for j in [0, width), added in row
 // order; rows is count x width, row-major, count >= 1.
@@ -52,4 +53,5 @@ inline A horizontal_sum(const at::vec::Vectorized<A>& v) {
   return at::vec::vec_reduce_all<A>([](const auto& a, const auto& b) { return a + b; }, v);
 }
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

@@ -3,7 +3,7 @@
 // Every CPU op computes in opmath: fp32 for fp16/bf16/fp32 inputs, fp64 for fp64 (gradcheck).
 // fp16/bf16 are widened to fp32 vectors on load and narrowed on store (load_opmath, store_opmath,
 // convert_row, store_row). static_for unrolls register blocks at compile time. The ISA helpers are
-// one instruction where AVX2 / AVX-512 have it and plain at::vec arithmetic in the DEFAULT build:
+// one instruction where AVX2 / AVX-512 have it and plain at::vec arithmetic at the DEFAULT level:
 // fnmadd, abs_min, square_low (the exact low part of a square) and gauss, exp(-u^2/2) to full fp32
 // accuracy or to the ~1e-5 that fp16/bf16 outputs need.
 #pragma once
@@ -29,6 +29,7 @@
 #include <utility>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 
 template <typename T>
 inline constexpr bool is_reduced_float_v = std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>;
@@ -76,7 +77,7 @@ inline bool switched_on(const char* name) {
 }
 
 // ---- AVX512_BF16, where the CPU has it ---------------------------------------------------------
-// The AVX-512 build does not assume the extension (Skylake-X to Ice Lake lack it): its instructions
+// The AVX-512 level does not assume the extension (Skylake-X to Ice Lake lack it): its instructions
 // are inline assembly, used only where CPUID says the CPU has them (see the narrowing section below
 // for how their rounding differs from at::vec's). FASTOPS_AVX512_BF16=0 in the environment (read
 // once) turns them off, to test the other path.
@@ -84,7 +85,7 @@ inline bool switched_on(const char* name) {
 inline bool detect_avx512_bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16 (the AVX-512 register state is already enabled: this
-  // build runs only where avx512f is usable).
+  // level runs only where avx512f is usable).
   if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || !(eax & (1u << 5))) return false;
   return switched_on("FASTOPS_AVX512_BF16");
 }
@@ -190,7 +191,7 @@ inline bool streaming_stores_pay(int64_t bytes, int64_t threads) {
   return 2 * bytes >= 3 * l2_bytes * std::max<int64_t>(threads, 1);
 #else
   (void)bytes, (void)threads;
-  return false;  // the DEFAULT build has no streaming store in at::vec
+  return false;  // the DEFAULT level has no streaming store in at::vec
 #endif
 }
 
@@ -307,7 +308,7 @@ inline FVec abs_min(const FVec& x, const FVec& c) {
 }
 
 // lo = u*u - hi exactly, for hi = u*u rounded: one FMA where the ISA has one; otherwise (the
-// DEFAULT build, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
+// DEFAULT level, whose Vectorized fmsub is a rounded multiply and subtract) Dekker's product with
 // Veltkamp's split of u into 12 + 12 bits, exact in plain fp32 arithmetic.
 inline FVec square_low(const FVec& u, const FVec& hi) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -342,7 +343,7 @@ constexpr Accuracy accuracy_for() {
 // applied as two normal powers of two 2^(n/2) whose first product is exact, so the one rounding is
 // the second's, into the subnormals or to 0 as scalef would. About 12 (AVX-512) / 20 (AVX2)
 // instructions, inline, against a call of Sleef's general expf (~45 on AVX2) plus the lo
-// correction. The DEFAULT build: Sleef's (or the scalar) expf, then a first-order lo correction.
+// correction. The DEFAULT level: Sleef's (or the scalar) expf, then a first-order lo correction.
 // Our own fits (weighted least squares towards minimax, float64).
 template <Accuracy kAcc>
 inline FVec gauss(const FVec& u) {
@@ -394,4 +395,5 @@ inline FVec gauss(const FVec& u) {
 #endif
 }
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

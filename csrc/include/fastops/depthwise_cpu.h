@@ -16,6 +16,7 @@
 #include <vector>
 
 namespace fastops::cpu {
+inline namespace CPU_CAPABILITY {
 
 // The kernels of one layout. w: weights_acc(weight, ..., transposed = false) for NCHW, true for NHWC;
 // b: bias_acc(...) or undefined. weight_partials returns the weight gradient as partial sums, which
@@ -120,4 +121,5 @@ inline at::Tensor bias_acc(const std::optional<at::Tensor>& bias, at::ScalarType
   return b;
 }
 
+}  // namespace CPU_CAPABILITY
 }  // namespace fastops::cpu

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <fastops/checks.h>
+#include <fastops/cpu_capability.h>
 
 #include <cstdint>
 #include <tuple>
@@ -53,15 +54,16 @@ inline SqueezeExciteShape se_shape(const at::Tensor& x, bool channels_last) {
 }
 
 namespace cpu {
-// The SE block's FCs on the CPU (cpu/squeeze_excite.cpp, AVX-512 build) for a float32 batch of at most
-// kFcMaxRows rows: out = input W^T + bias (bias may be undefined), and (input_grad ? g W : undefined,
-// g^T input). se_fc_applies says when they run; elsewhere the block uses ATen's GEMMs. Past 16 rows
-// MKL's register blocking wins (measured: 32 rows 0.84x its forward).
 inline constexpr int64_t kFcMaxRows = 16;
-bool se_fc_applies(const at::Tensor& input);
-at::Tensor se_fc_forward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias);
-std::tuple<at::Tensor, at::Tensor> se_fc_backward(const at::Tensor& grad, const at::Tensor& input,
-                                                  const at::Tensor& weight, bool input_grad);
 }  // namespace cpu
 
 }  // namespace fastops
+
+// The SE block's FCs on the CPU (cpu/squeeze_excite.cpp, AVX-512 level) for a float32 batch of at most
+// kFcMaxRows rows: out = input W^T + bias (bias may be undefined), and (input_grad ? g W : undefined,
+// g^T input). se_fc_applies says when they run; elsewhere (and at the other levels) the block uses
+// ATen's GEMMs. Past 16 rows MKL's register blocking wins (measured: 32 rows 0.84x its forward).
+FASTOPS_DECLARE_CPU_KERNEL(se_fc_applies, bool(const at::Tensor&))
+FASTOPS_DECLARE_CPU_KERNEL(se_fc_forward, at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&))
+FASTOPS_DECLARE_CPU_KERNEL(se_fc_backward, std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                              const at::Tensor&, bool))
