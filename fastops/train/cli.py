@@ -226,6 +226,21 @@ def run_compare(cfg: TrainConfig) -> dict[str, dict[str, Any]]:
     return results
 
 
+def _train(cfg: TrainConfig) -> None:
+    from fastops.train.trainer import Trainer
+
+    trainer = Trainer.from_config(cfg)
+    summary = trainer.fit()
+    if trainer.is_main:
+        acc = summary["test_accuracy"]
+        print(
+            f"done: {summary['epochs']} epochs ({summary['stopped']}), best val acc "
+            f"{100 * (summary['val_accuracy'] or 0):.2f}%"
+            + (f", held-out test acc {100 * acc:.2f}%" if acc is not None else "")
+            + f", {summary['samples_per_s'] or 0:.1f} samples/s; results in {cfg.out_dir}"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -239,22 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))  # exits with status 2 and the usage line
 
     from fastops.train import distributed
-    from fastops.train.trainer import NonFiniteLossError, Trainer
+    from fastops.train.trainer import NonFiniteLossError
 
     try:
         if args.compare:
             run_compare(cfg)
         else:
-            trainer = Trainer.from_config(cfg)
-            summary = trainer.fit()
-            if trainer.is_main:
-                acc = summary["test_accuracy"]
-                print(
-                    f"done: {summary['epochs']} epochs ({summary['stopped']}), best val acc "
-                    f"{100 * (summary['val_accuracy'] or 0):.2f}%"
-                    + (f", held-out test acc {100 * acc:.2f}%" if acc is not None else "")
-                    + f", {summary['samples_per_s'] or 0:.1f} samples/s; results in {cfg.out_dir}"
-                )
+            _train(cfg)  # returns with the trainer and its DDP model gone, before the teardown
     except ConfigError as e:
         distributed.teardown(clean_exit=False)
         parser.error(str(e))

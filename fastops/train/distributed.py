@@ -4,7 +4,9 @@ small collectives (all-reduce of metric sums, gathering per-rank RNG states)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -12,6 +14,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+# How long teardown() releases the GIL for gloo's worker threads before the group is destroyed.
+_WORKER_DRAIN_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,21 @@ def teardown(*, clean_exit: bool = True) -> None:
     """Leave the process group. On a clean exit every rank first meets at a barrier: rank 0 hosts
     the rendezvous store, and a rank still tearing down gloo when rank 0 has already exited dies
     with "terminate called without an active exception" (seen in CI). After an error the barrier
-    is skipped, since the other ranks may never arrive."""
+    is skipped, since the other ranks may never arrive.
+
+    Call it after the last DDP/FSDP model is gone, so that the group dies here and not at exit.
+    gloo's worker threads drop a finished work while holding the group's mutex, and dropping a
+    tensor whose Python object has died takes the GIL; the group's destructor takes that mutex
+    while holding the GIL. A rank that destroyed the group right after a collective hung at exit
+    that way (seen in CI: ~Reducer -> ~ProcessGroupGloo against pt_gloo_runloop). The pause
+    releases the GIL so that the workers finish dropping what they hold first.
+    """
     if dist.is_available() and dist.is_initialized():
         if clean_exit:
             dist.barrier()
+        time.sleep(_WORKER_DRAIN_S)
         dist.destroy_process_group()
+        gc.collect()  # a group kept alive by a reference cycle dies now, not at interpreter exit
 
 
 def barrier(info: DistInfo) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,28 @@ def _check(proc: subprocess.CompletedProcess | subprocess.Popen, stdout: str, st
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{stdout[-3000:]}\n{stderr[-5000:]}"
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc), children before grandchildren."""
+    parent_of: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid ...
+            parent_of[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for child, parent in parent_of.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def _torchrun(args: list[str], timeout: float = 300.0, *, module: bool = True) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable, "-m", "torch.distributed.run",
@@ -63,17 +87,53 @@ def _torchrun(args: list[str], timeout: float = 300.0, *, module: bool = True) -
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         # A hang: show where each process (torchrun's agent and every rank) waits, not only that it did.
-        os.killpg(proc.pid, signal.SIGABRT)
+        # The ranks run in sessions of their own, so they are signalled one by one: a rank left alive
+        # keeps the pipes open and communicate() would wait for it forever.
+        processes = [proc.pid, *_descendants(proc.pid)]
+        _signal_all(processes, signal.SIGABRT)
         try:
             stdout, stderr = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
+            _signal_all(processes, signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=30)
         pytest.fail(
             f"torchrun ran past {timeout:.0f} s; the processes' stacks:\n{stdout[-3000:]}\n{stderr[-20000:]}"
         )
     _check(proc, stdout, stderr)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux /proc")
+def test_a_hung_torchrun_is_killed_down_to_its_ranks() -> None:
+    # A grandchild in a session of its own, as torchrun's ranks are: killpg on the parent misses it.
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys; subprocess.run(['sleep', '60'], start_new_session=True)",
+        ],
+        start_new_session=True,
+    )
+    try:
+        for _ in range(100):
+            below = _descendants(proc.pid)
+            if below:
+                break
+            time.sleep(0.05)
+        assert len(below) == 1 and Path(f"/proc/{below[0]}/cmdline").read_bytes().startswith(b"sleep")
+        _signal_all([proc.pid, *below], signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        for _ in range(100):  # the orphaned grandchild is reaped by init once killed
+            if (
+                not Path(f"/proc/{below[0]}").exists()
+                or "Z" in Path(f"/proc/{below[0]}/stat").read_text().split(")")[1][:3]
+            ):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the grandchild survived")
+    finally:
+        proc.kill()
 
 
 @pytest.mark.parametrize("use_fastops", [True], ids=["fastops"])  # the stock path shares all DDP code
