@@ -51,6 +51,7 @@ KNOWN: dict[str, tuple[str, Callable[[str], str | None]]] = {
     ),
     "FASTOPS_AVX512_BF16": ("0: round bf16 through at::vec instead of the instruction", _one_of(*_FLAG)),
     "FASTOPS_VERBOSE_BUILD": ("1: show the compiler's commands", _one_of(*_FLAG)),
+    "FASTOPS_DEBUG_INFO": ("1: compile the C++ code with debug info (build time)", _one_of(*_FLAG)),
     # The test suite's and the benchmarks' own.
     "FASTOPS_TEST_LARGE": ("1: run the large-tensor tests", _one_of(*_FLAG)),
     "FASTOPS_TEST_SLOW": ("1: run the slow tests", _one_of(*_FLAG)),
