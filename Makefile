@@ -38,7 +38,7 @@ endif
 env: $(ENV_STAMP)
 
 # `pip install -e .` compiles in a fresh temporary directory, so each run rebuilds everything (three ISA
-# levels: ~11 min on 2 cores). It runs again only when what it builds from changed, the library is gone,
+# levels: ~9 min on 2 cores). It runs again only when what it builds from changed, the library is gone,
 # or the environment or the build settings differ (the stamp's name).
 BUILD_INPUTS := $(shell find csrc -type f) setup.py pyproject.toml fastops/_build.py
 INSTALL_STAMP := build/.installed-$(shell echo "$(abspath $(PY)) $(FASTOPS_CPU_CAPABILITIES) $(FASTOPS_CUDA)" | cksum | cut -d' ' -f1)

@@ -124,10 +124,10 @@ def test_a_hung_torchrun_is_killed_down_to_its_ranks() -> None:
         _signal_all([proc.pid, *below], signal.SIGKILL)
         assert proc.wait(timeout=10) == -signal.SIGKILL
         for _ in range(100):  # the orphaned grandchild is reaped by init once killed
-            if (
-                not Path(f"/proc/{below[0]}").exists()
-                or "Z" in Path(f"/proc/{below[0]}/stat").read_text().split(")")[1][:3]
-            ):
+            try:  # gone, or a zombie (state Z) until init reaps it
+                if Path(f"/proc/{below[0]}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            except FileNotFoundError:
                 break
             time.sleep(0.05)
         else:
